@@ -1,0 +1,141 @@
+"""Launching and stopping the servers the suite owns.
+
+Every server starts in its own session (`setsid`), so a signal goes to its whole process group:
+killing one PID of a real engine leaves its worker processes alive (components.md, vLLM).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ManagedProcess:
+    """A server started by the suite: its process group, its command and its log file."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.popen.pid  # start_new_session makes the child its group's leader
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.pgid, signum)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGCONT (a paused group cannot exit), SIGTERM, then SIGKILL after `timeout_s`."""
+        if self.alive():
+            self.signal_group(signal.SIGCONT)
+            self.signal_group(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                self.popen.wait(timeout=timeout_s)
+        # Children of the leader may outlive it; the group signal reaches them too.
+        self.signal_group(signal.SIGKILL)
+        return self.popen.returncode
+
+
+def launch(
+    name: str,
+    argv: Sequence[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+) -> ManagedProcess:
+    """Start `argv` in a new session with stdout and stderr appended to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            start_new_session=True,
+        )
+    return ManagedProcess(name=name, argv=list(argv), log_path=log_path, popen=popen)
+
+
+def wait_http_ok(
+    url: str,
+    timeout_s: float,
+    process: ManagedProcess | None = None,
+    interval_s: float = 0.1,
+) -> None:
+    """Poll `url` until it answers 200; fail early if `process` dies meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    last_error = "no answer"
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if process is not None and not process.alive():
+                raise RuntimeError(
+                    f"{process.name} exited with code {process.popen.returncode} before {url} "
+                    f"answered; see {process.log_path}"
+                )
+            try:
+                response = client.get(url)
+                if response.status_code == 200:
+                    return
+                last_error = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                last_error = type(exc).__name__
+            time.sleep(interval_s)
+    raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f}s (last: {last_error})")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_group(pgid: int, timeout_s: float = 10.0) -> None:
+    """Stop a process group we only know by id (e.g. from a state file): CONT, TERM, then KILL."""
+    for signum in (signal.SIGCONT, signal.SIGTERM):
+        try:
+            os.killpg(pgid, signum)
+        except ProcessLookupError:
+            return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and pid_alive(pgid):
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
