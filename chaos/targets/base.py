@@ -1,0 +1,55 @@
+"""The Target contract: a PD deployment the suite can talk to and act on (DESIGN.md, "Target")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+WorkerRole = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class WorkerEndpoint:
+    role: WorkerRole
+    url: str
+    bootstrap_port: int | None = None
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where a deployment answers: the router, each worker, the router's Prometheus port."""
+
+    router_url: str
+    workers: tuple[WorkerEndpoint, ...] = ()
+    router_metrics_url: str | None = None
+
+    def of(self, role: WorkerRole) -> list[WorkerEndpoint]:
+        return [w for w in self.workers if w.role == role]
+
+    @property
+    def prefill_urls(self) -> list[str]:
+        return [w.url for w in self.of("prefill")]
+
+    @property
+    def decode_urls(self) -> list[str]:
+        return [w.url for w in self.of("decode")]
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process group the suite launched (or was given) and may signal."""
+
+    name: str
+    role: str
+    pid: int
+    pgid: int
+    log_path: str
+
+
+@dataclass
+class TargetState:
+    """What a launched target writes to disk, so another process can stop or heal it."""
+
+    kind: str
+    endpoints: Endpoints
+    processes: list[ProcessRef] = field(default_factory=list)

@@ -1,0 +1,154 @@
+"""The bootstrap handshake between decode and prefill, keyed by `bootstrap_room`.
+
+Prefill hosts a small HTTP server on its bootstrap port (as SGLang's aiohttp bootstrap server).
+Decode, once it has preallocated pages for a request, posts where prefill must write them; the
+waiting timeout starts then. Decode also polls `/health` as its heartbeat, and on abort or timeout
+posts `/abort` and learns whether prefill may still write into those pages (SGLang's
+ABORT / ABORT_ACK). Decode only reuses such pages once no write can land there any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from chaos.targets.sim.transfer import Destination, KVSender, SendState
+
+log = logging.getLogger("sglang.disaggregation")
+
+TOMBSTONE_TTL_S = 120.0  # SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL
+
+
+@dataclass
+class Room:
+    """Prefill's view of one room: who asked for it and where its KV must go."""
+
+    room: int
+    sender: KVSender
+    destination: asyncio.Future[Destination] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    created: float = field(default_factory=time.monotonic)
+
+
+class BootstrapServer:
+    """Prefill side: rooms by id, destinations that arrive before or after the request."""
+
+    def __init__(self) -> None:
+        self.rooms: dict[int, Room] = {}
+        self._early: dict[int, Destination] = {}
+        self._aborted_early: dict[int, float] = {}
+
+    def open_room(self, room: int) -> Room:
+        if room in self.rooms:
+            raise ValueError(f"bootstrap_room {room} is already in use")
+        entry = Room(room=room, sender=KVSender(room))
+        if self._aborted_early.pop(room, None) is not None:
+            entry.sender.abort_requested = True
+        if room in self._early:
+            entry.destination.set_result(self._early.pop(room))
+        self.rooms[room] = entry
+        return entry
+
+    def close_room(self, room: int) -> None:
+        self.rooms.pop(room, None)
+
+    def _expire(self) -> None:
+        cutoff = time.monotonic() - TOMBSTONE_TTL_S
+        self._aborted_early = {r: t for r, t in self._aborted_early.items() if t > cutoff}
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/bootstrap", self._bootstrap)
+        app.router.add_post("/abort", self._abort)
+        return app
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(text="OK")
+
+    async def _bootstrap(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        room = int(body["room"])
+        dest = Destination(host=str(body["host"]), port=int(body["port"]), pages=[int(p) for p in body["pages"]])
+        entry = self.rooms.get(room)
+        if entry is None:
+            self._early[room] = dest
+        elif not entry.destination.done():
+            entry.destination.set_result(dest)
+        return web.json_response({"room": room, "status": "ok"})
+
+    async def _abort(self, request: web.Request) -> web.Response:
+        """Stop the room's sender; answer whether it may still write (`state`)."""
+        body = await request.json()
+        room = int(body["room"])
+        entry = self.rooms.get(room)
+        if entry is None:
+            self._expire()
+            self._aborted_early[room] = time.monotonic()
+            return web.json_response({"room": room, "state": "unknown"})
+        entry.sender.abort_requested = True
+        if entry.sender.may_still_write:
+            try:
+                await asyncio.wait_for(entry.sender.finished.wait(), timeout=5.0)
+            except asyncio.TimeoutError:
+                pass
+        state = entry.sender.state
+        name = "in_flight" if state in (SendState.CONNECTING, SendState.SENDING) else (
+            "finished" if state is SendState.FINISHED else "never_started"
+        )
+        log.info("Received ABORT for bootstrap_room=%d, sender state %s", room, name)
+        return web.json_response({"room": room, "state": name})
+
+
+class BootstrapClient:
+    """Decode side: talk to prefill bootstrap servers."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def send_destination(self, addr: str, room: int, rid: str, dest: Destination, attempts: int = 3) -> None:
+        session = await self._client()
+        payload = {"room": room, "rid": rid, "host": dest.host, "port": dest.port, "pages": dest.pages}
+        last: Exception | None = None
+        for attempt in range(attempts):
+            try:
+                async with session.post(f"http://{addr}/bootstrap", json=payload, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    if resp.status == 200:
+                        return
+                    last = RuntimeError(f"HTTP {resp.status}")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                last = exc
+            await asyncio.sleep(0.2 * (attempt + 1))
+        raise ConnectionError(f"Could not fetch prefill parallel info from {addr} after {attempts} attempts ({last!r})")
+
+    async def notify_abort(self, addr: str, room: int) -> str | None:
+        """Prefill's answer about the room's sender, or None when prefill does not answer."""
+        session = await self._client()
+        try:
+            async with session.post(f"http://{addr}/abort", json={"room": room}, timeout=aiohttp.ClientTimeout(total=8)) as resp:
+                if resp.status != 200:
+                    return None
+                return str((await resp.json())["state"])
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
+            return None
+
+    async def healthy(self, addr: str, timeout_s: float) -> bool:
+        session = await self._client()
+        try:
+            async with session.get(f"http://{addr}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False

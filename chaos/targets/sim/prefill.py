@@ -1,0 +1,128 @@
+"""The prefill worker: compute the prompt's KV, then write it into decode's pool.
+
+SGLang's prefill lifecycle (`sglang-facts.md` §5): open a sender for the request's bootstrap
+room, wait (bootstrap timeout) until decode says which pages to fill, run the forward pass, send
+the KV chunk by chunk and finish with the first token. On success the response's finish reason is
+`length 0`; the client sees decode's answer, the router only checks this one's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from chaos.targets.sim.bootstrap import BootstrapServer
+from chaos.targets.sim.engine import Engine, Phase, Req
+from chaos.targets.sim.protocol import kv_transfer_error, Finish, abort
+from chaos.targets.sim.transfer import Done, TransferFailed, kv_checksum
+
+log = logging.getLogger("sglang.disaggregation.prefill")
+
+
+class PrefillEngine(Engine):
+    role = "prefill"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.bootstrap = BootstrapServer()
+        self._transfer_seconds = 0.0
+        self._transfer_bytes = 0
+        self._transfer_count = 0
+
+    def _fail(self, req: Req, stage: str, reason: str) -> None:
+        message = kv_transfer_error(req.room or 0, reason)
+        log.error(
+            "Prefill %s failed for request rank=0 req.rid=%s req.bootstrap_room=%s with exception %s",
+            stage, req.rid, req.room, message,
+        )
+        self.metrics.inc("num_bootstrap_failed_reqs_total" if stage == "bootstrap" else "num_transfer_failed_reqs_total")
+        self.finish(req, abort(message, status_code=500))
+
+    async def run(self, req: Req) -> None:
+        if req.room is None:
+            log.error("Invalid request: Disaggregated request received without bootstrap room id")
+            self.finish(req, abort("Disaggregated request received without bootstrap room id", status_code=400))
+            return
+        try:
+            room = self.bootstrap.open_room(req.room)
+        except ValueError as exc:
+            self.finish(req, abort(str(exc), status_code=400))
+            return
+        try:
+            await self._handoff(req, room.sender, room.destination)
+        finally:
+            self.bootstrap.close_room(req.room)
+
+    async def _handoff(self, req: Req, sender, destination) -> None:  # type: ignore[no-untyped-def]
+        timeouts = self.settings.timeouts
+        req.phase = Phase.BOOTSTRAP
+        try:
+            dest = await self.until_aborted(req, asyncio.shield(destination), timeout=timeouts.bootstrap_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("Some requests timed out when bootstrapping, which means prefill instances fail to receive the KV indices from the decode instance of this request.")
+            self._fail(req, "bootstrap", f"Request {req.room} timed out after {timeouts.bootstrap_timeout_s:.1f}s in KVPoll.Bootstrapping")
+            return
+        if dest is None or sender.abort_requested:
+            self.finish(req, req.abort_reason or abort("Aborted by the decode side"))
+            return
+        if self.injected_failure():
+            self._fail(req, "bootstrap", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
+            return
+
+        first = await self.prefill(req, extra_tokens=0)
+        if first is None:
+            return
+        req.phase = Phase.TRANSFER
+        n = req.prompt_len
+        src_slots = self.pool.slots(req.pages, n)
+        dst_slots = self.pool.slots(dest.pages, n)
+        checksum = kv_checksum(self.pool.read(src_slots)) if self.settings.kv_checksum else None
+        started = time.monotonic()
+        try:
+            completed = await sender.send(
+                dest,
+                self.pool,
+                src_slots,
+                dst_slots,
+                Done(first_token=first, num_tokens=n, checksum=checksum),
+                chunk_tokens=self.settings.transfer_chunk_pages * self.pool.page_size,
+                tokens_per_s=self.settings.transfer_tokens_per_s,
+                should_stop=lambda: req.abort_reason is not None or sender.abort_requested,
+            )
+        except TransferFailed as exc:
+            log.error("Failed to send kv chunk of %s to %s:%s (%s)", req.room, dest.host, dest.port, exc)
+            self._fail(req, "transfer", f"Failed to send kv chunk of {req.room} to {dest.host}:{dest.port}")
+            return
+        self._transfer_seconds += time.monotonic() - started
+        self._transfer_bytes += n * self.settings.kv_bytes_per_token
+        self._transfer_count += 1
+        if not completed:
+            self.finish(req, req.abort_reason or abort("Aborted by the decode side"))
+            return
+        if self.injected_failure():
+            self._fail(req, "transfer", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
+            return
+        req.output_ids.append(first)
+        # SGLang forces FINISH_LENGTH(0) on a successful transfer unless the request was aborted.
+        self.finish(req, Finish(type="length", length=0))
+
+    def _pd_batch_fields(self) -> str:
+        return (
+            f"#bootstrap-req: {self.count_phase(Phase.BOOTSTRAP)}, "
+            f"#inflight-req: {self.count_phase(Phase.TRANSFER)}, #optimistic-req: 0"
+        )
+
+    def queue_counts(self) -> dict[str, int]:
+        counts = super().queue_counts()
+        counts["prefill_bootstrap_queue_reqs"] = self.count_phase(Phase.BOOTSTRAP)
+        counts["prefill_inflight_queue_reqs"] = self.count_phase(Phase.TRANSFER)
+        return counts
+
+    def kv_transfer_stats(self) -> tuple[float, float]:
+        if not self._transfer_count or self._transfer_seconds <= 0:
+            return 0.0, 0.0
+        return (
+            self._transfer_bytes / self._transfer_seconds / 1e9,
+            1000.0 * self._transfer_seconds / self._transfer_count,
+        )

@@ -1,0 +1,102 @@
+"""A page-granular prefix cache (SGLang's radix cache, reduced to full pages).
+
+A full page of prompt tokens is keyed by a hash chained over every earlier page, so a key names a
+whole prefix. The cache holds one reference on each cached page; a page only the cache holds is
+evictable, least recently used first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from chaos.targets.sim.kvpool import KVPool
+
+PageKey = bytes
+
+
+def chain_keys(tokens: Sequence[int], page_size: int, salt: bytes = b"") -> list[PageKey]:
+    """One key per full page: blake2b(previous key + this page's token ids)."""
+    keys: list[PageKey] = []
+    previous = hashlib.blake2b(salt, digest_size=16).digest()
+    full = len(tokens) // page_size * page_size
+    arr = np.asarray(tokens[:full], dtype=np.int64)
+    for start in range(0, full, page_size):
+        previous = hashlib.blake2b(previous + arr[start : start + page_size].tobytes(), digest_size=16).digest()
+        keys.append(previous)
+    return keys
+
+
+class PrefixCache:
+    def __init__(self, pool: KVPool) -> None:
+        self.pool = pool
+        self._pages: OrderedDict[PageKey, int] = OrderedDict()
+        self.hits_tokens = 0
+        self.lookups_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+    @property
+    def cached_pages(self) -> int:
+        return len(self._pages)
+
+    @property
+    def evictable_pages(self) -> int:
+        return sum(1 for page in self._pages.values() if self.pool.refcount(page) == 1)
+
+    def match(self, keys: Sequence[PageKey]) -> list[int]:
+        """The cached pages of the longest cached prefix; the caller gets a reference on each."""
+        pages: list[int] = []
+        for key in keys:
+            page = self._pages.get(key)
+            if page is None:
+                break
+            self._pages.move_to_end(key)
+            pages.append(page)
+        self.pool.incref(pages)
+        self.hits_tokens += len(pages) * self.pool.page_size
+        self.lookups_tokens += len(keys) * self.pool.page_size
+        return pages
+
+    def insert(self, keys: Sequence[PageKey], pages: Sequence[int]) -> None:
+        """Cache full prompt pages a request has just computed (takes its own reference)."""
+        for key, page in zip(keys, pages):
+            if key in self._pages:
+                self._pages.move_to_end(key)
+                continue
+            self.pool.incref([page])
+            self._pages[key] = page
+
+    def evict(self, num_pages: int) -> int:
+        """Free up to `num_pages` pages that only the cache holds, least recently used first."""
+        freed = 0
+        for key in list(self._pages):
+            if freed >= num_pages:
+                break
+            page = self._pages[key]
+            if self.pool.refcount(page) == 1:
+                del self._pages[key]
+                self.pool.release([page])
+                freed += 1
+        return freed
+
+    def flush(self) -> int:
+        """Drop every cached page (`/flush_cache`); pages still in use keep their other owners."""
+        pages = list(self._pages.values())
+        self._pages.clear()
+        self.pool.release(pages)
+        return len(pages)
+
+    def alloc(self, num_pages: int) -> list[int]:
+        """Allocate from the pool, evicting cold cache pages when the free list runs short."""
+        shortfall = num_pages - self.pool.free_pages
+        if shortfall > 0:
+            self.evict(shortfall)
+        return self.pool.alloc(num_pages)
+
+    def can_alloc(self, num_pages: int) -> bool:
+        return self.pool.free_pages + self.evictable_pages >= num_pages

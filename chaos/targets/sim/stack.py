@@ -1,0 +1,200 @@
+"""The embedded PD stack: a prefill worker, a decode worker and the real `sglang-router` in PD mode.
+
+Each process starts in its own session on 127.0.0.1 with free ports; the router is the PyPI
+`sglang-router` (`python -m sglang_router.launch_router --pd-disaggregation`) with `HF_ENDPOINT`
+pointed at loopback so its tokenizer lookup never leaves the machine (components.md §3).
+A stack can be stopped from another process through the state file it writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from chaos.process import ManagedProcess, free_port, kill_group, launch, pid_alive, wait_http_ok
+from chaos.targets.base import Endpoints, ProcessRef, TargetState, WorkerEndpoint
+from chaos.targets.sim.settings import WorkerSettings
+from chaos.targets.sim.worker import command_for, env_for
+
+LOOPBACK = "127.0.0.1"
+ROUTER_ENV = {"HF_ENDPOINT": "http://127.0.0.1:9", "RUST_LOG": "info"}
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    # Retries and the circuit breaker hide faults (sglang-facts.md §2): off unless asked for.
+    retries: bool = False
+    circuit_breaker: bool = False
+    policy: str = "round_robin"
+    health_check_interval_s: int = 5
+    health_failure_threshold: int = 2
+    request_timeout_s: int = 1800
+
+
+@dataclass(frozen=True)
+class SimStackConfig:
+    """Settings shared by both workers, with per-role overrides (the asymmetry faults create)."""
+
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    prefill_overrides: dict[str, Any] = field(default_factory=dict)
+    decode_overrides: dict[str, Any] = field(default_factory=dict)
+    router: RouterOptions = field(default_factory=RouterOptions)
+    startup_timeout_s: float = 30.0
+
+    def settings_for(self, role: str, port: int, bootstrap_port: int) -> WorkerSettings:
+        overrides = self.prefill_overrides if role == "prefill" else self.decode_overrides
+        return replace(self.worker, role=role, host=LOOPBACK, port=port, bootstrap_port=bootstrap_port, **overrides)
+
+
+def router_command(options: RouterOptions, port: int, metrics_port: int, prefill_url: str, bootstrap_port: int, decode_url: str) -> list[str]:
+    argv = [
+        sys.executable, "-m", "sglang_router.launch_router",
+        "--host", LOOPBACK, "--port", str(port), "--pd-disaggregation",
+        "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
+        "--policy", options.policy,
+        "--prometheus-host", LOOPBACK, "--prometheus-port", str(metrics_port),
+        "--worker-startup-check-interval", "1",
+        "--health-check-interval-secs", str(options.health_check_interval_s),
+        "--health-failure-threshold", str(options.health_failure_threshold),
+        "--health-success-threshold", "1",
+        "--request-timeout-secs", str(options.request_timeout_s),
+    ]
+    if not options.retries:
+        argv.append("--disable-retries")
+    if not options.circuit_breaker:
+        argv.append("--disable-circuit-breaker")
+    return argv
+
+
+class SimStack:
+    """Launch, inspect, restart and stop the embedded PD deployment."""
+
+    kind = "sim"
+
+    def __init__(self, config: SimStackConfig, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.log_dir = run_dir / "logs"
+        self.settings: dict[str, WorkerSettings] = {}
+        self.procs: dict[str, ManagedProcess] = {}
+        self._router_options = config.router
+        self._ports: dict[str, int] = {}
+
+    # ---------------------------------------------------------------------------- up/down ----
+
+    def up(self) -> Endpoints:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("prefill", "decode", "router", "router_metrics", "bootstrap"):
+            self._ports[name] = free_port()
+        try:
+            for role in ("prefill", "decode"):
+                self._start_worker(role, self.config.settings_for(role, self._ports[role], self._ports["bootstrap"]))
+            for role in ("prefill", "decode"):
+                wait_http_ok(self.worker_url(role) + "/health", self.config.startup_timeout_s, self.procs[role])
+            self._start_router()
+            self.write_state()
+        except BaseException:
+            self.down()
+            raise
+        return self.endpoints
+
+    def _start_worker(self, role: str, settings: WorkerSettings) -> None:
+        self.settings[role] = settings
+        self.procs[role] = launch(role, command_for(settings), self.log_dir / f"{role}.log", env_for(settings.timeouts))
+
+    def _start_router(self) -> None:
+        argv = router_command(
+            self._router_options, self._ports["router"], self._ports["router_metrics"],
+            self.worker_url("prefill"), self._ports["bootstrap"], self.worker_url("decode"),
+        )
+        self.procs["router"] = launch("router", argv, self.log_dir / "router.log", ROUTER_ENV)
+        wait_http_ok(self.router_url + "/readiness", self.config.startup_timeout_s, self.procs["router"])
+
+    def down(self) -> None:
+        for name in ("router", "decode", "prefill"):
+            proc = self.procs.get(name)
+            if proc is not None:
+                proc.stop()
+        state_file = self.state_path(self.run_dir)
+        if state_file.exists():
+            state_file.unlink()
+
+    def restart(self, role: str, **overrides: Any) -> WorkerSettings:
+        """Restart one role with changed settings (memory fraction, context length, ...)."""
+        if role == "router":
+            self.procs["router"].stop()
+            self._start_router()
+            self.write_state()
+            return self.settings.get("prefill", self.config.worker)
+        self.procs[role].stop()
+        settings = replace(self.settings[role], **overrides)
+        self._start_worker(role, settings)
+        wait_http_ok(self.worker_url(role) + "/health", self.config.startup_timeout_s, self.procs[role])
+        self.write_state()
+        return settings
+
+    # ------------------------------------------------------------------------- inspection ----
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{LOOPBACK}:{self._ports['router']}"
+
+    def worker_url(self, role: str) -> str:
+        return f"http://{LOOPBACK}:{self._ports[role]}"
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return Endpoints(
+            router_url=self.router_url,
+            workers=(
+                WorkerEndpoint("prefill", self.worker_url("prefill"), self._ports["bootstrap"]),
+                WorkerEndpoint("decode", self.worker_url("decode")),
+            ),
+            router_metrics_url=f"http://{LOOPBACK}:{self._ports['router_metrics']}/metrics",
+        )
+
+    def processes(self, role: str) -> list[ManagedProcess]:
+        return [p for name, p in self.procs.items() if name == role]
+
+    def logs(self, role: str) -> str:
+        path = self.log_dir / f"{role}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # ----------------------------------------------------------------------- state file ----
+
+    @staticmethod
+    def state_path(run_dir: Path) -> Path:
+        return run_dir / "target.json"
+
+    def write_state(self) -> None:
+        state = TargetState(
+            kind=self.kind,
+            endpoints=self.endpoints,
+            processes=[
+                ProcessRef(name, name, p.pid, p.pgid, str(p.log_path)) for name, p in self.procs.items() if p.alive()
+            ],
+        )
+        self.state_path(self.run_dir).write_text(json.dumps(dataclasses.asdict(state), indent=2))
+
+
+def stop_from_state(run_dir: Path) -> list[str]:
+    """Stop every process group a stack recorded in `run_dir` (from any process). What it did."""
+    path = SimStack.state_path(run_dir)
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    done: list[str] = []
+    for proc in data.get("processes", []):
+        if pid_alive(proc["pgid"]):
+            kill_group(proc["pgid"])
+            done.append(f"stopped {proc['name']} (process group {proc['pgid']})")
+    path.unlink()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(pid_alive(p["pgid"]) for p in data.get("processes", [])):
+        time.sleep(0.1)
+    return done

@@ -1,0 +1,184 @@
+"""One embedded-engine worker process: `python -m chaos.targets.sim.worker --disaggregation-mode prefill ...`.
+
+Flags carry SGLang's names where SGLang has the setting, so launch commands read the same; the
+few that only a simulated GPU needs (`--gpu-memory-gb`, speeds) are extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from chaos.targets.sim.api import WorkerApi
+from chaos.targets.sim.decode import DecodeEngine
+from chaos.targets.sim.engine import Engine
+from chaos.targets.sim.prefill import PrefillEngine
+from chaos.targets.sim.settings import ROLES, TransferTimeouts, WorkerSettings
+
+log = logging.getLogger("sglang.launch_server")
+
+ENGINES: dict[str, type[Engine]] = {"null": Engine, "prefill": PrefillEngine, "decode": DecodeEngine}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = WorkerSettings()
+    p = argparse.ArgumentParser(prog="python -m chaos.targets.sim.worker", description=__doc__)
+    p.add_argument("--disaggregation-mode", choices=ROLES, default="null")
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--disaggregation-bootstrap-port", type=int, default=d.bootstrap_port)
+    p.add_argument("--transfer-port", type=int, default=d.transfer_port, help="decode: KV receive port (0: any free)")
+    p.add_argument("--transfer-advertise", default=None, help="decode: HOST:PORT prefill must send KV to (a proxy)")
+    p.add_argument("--model-path", default=d.model_path)
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--gpu-memory-gb", type=float, default=d.gpu_memory_gb)
+    p.add_argument("--mem-fraction-static", type=float, default=d.mem_fraction_static)
+    p.add_argument("--weights-gb", type=float, default=d.weights_gb)
+    p.add_argument("--kv-bytes-per-token", type=int, default=d.kv_bytes_per_token)
+    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--page-size", type=int, default=d.page_size)
+    p.add_argument("--context-length", type=int, default=d.context_length)
+    p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+    p.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
+    p.add_argument("--prefill-tokens-per-s", type=float, default=d.prefill_tokens_per_s)
+    p.add_argument("--decode-step-ms", type=float, default=d.decode_step_s * 1000)
+    p.add_argument("--transfer-tokens-per-s", type=float, default=d.transfer_tokens_per_s)
+    p.add_argument("--disaggregation-enable-kv-checksum", action="store_true")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
+    return WorkerSettings(
+        role=args.disaggregation_mode,
+        host=args.host,
+        port=args.port,
+        bootstrap_port=args.disaggregation_bootstrap_port,
+        transfer_port=args.transfer_port,
+        transfer_advertise=args.transfer_advertise,
+        model_path=args.model_path,
+        served_model_name=args.served_model_name,
+        gpu_memory_gb=args.gpu_memory_gb,
+        mem_fraction_static=args.mem_fraction_static,
+        weights_gb=args.weights_gb,
+        kv_bytes_per_token=args.kv_bytes_per_token,
+        max_total_tokens=args.max_total_tokens,
+        page_size=args.page_size,
+        context_length=args.context_length,
+        max_running_requests=args.max_running_requests,
+        chunked_prefill_size=args.chunked_prefill_size,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        decode_step_s=args.decode_step_ms / 1000.0,
+        transfer_tokens_per_s=args.transfer_tokens_per_s,
+        kv_checksum=args.disaggregation_enable_kv_checksum,
+        timeouts=TransferTimeouts.from_env(),
+        log_level=args.log_level,
+    )
+
+
+def command_for(s: WorkerSettings) -> list[str]:
+    """The argv that starts a worker with these settings (timeouts travel as SGLang env vars)."""
+    argv = [
+        sys.executable, "-m", "chaos.targets.sim.worker",
+        "--disaggregation-mode", s.role, "--host", s.host, "--port", str(s.port),
+        "--disaggregation-bootstrap-port", str(s.bootstrap_port), "--transfer-port", str(s.transfer_port),
+        "--model-path", s.model_path, "--gpu-memory-gb", str(s.gpu_memory_gb),
+        "--mem-fraction-static", str(s.mem_fraction_static), "--weights-gb", str(s.weights_gb),
+        "--kv-bytes-per-token", str(s.kv_bytes_per_token), "--page-size", str(s.page_size),
+        "--context-length", str(s.context_length), "--max-running-requests", str(s.max_running_requests),
+        "--chunked-prefill-size", str(s.chunked_prefill_size), "--prefill-tokens-per-s", str(s.prefill_tokens_per_s),
+        "--decode-step-ms", str(s.decode_step_s * 1000), "--transfer-tokens-per-s", str(s.transfer_tokens_per_s),
+        "--log-level", s.log_level,
+    ]
+    if s.served_model_name:
+        argv += ["--served-model-name", s.served_model_name]
+    if s.max_total_tokens is not None:
+        argv += ["--max-total-tokens", str(s.max_total_tokens)]
+    if s.transfer_advertise:
+        argv += ["--transfer-advertise", s.transfer_advertise]
+    if s.kv_checksum:
+        argv.append("--disaggregation-enable-kv-checksum")
+    return argv
+
+
+def env_for(timeouts: TransferTimeouts) -> dict[str, str]:
+    return {
+        "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": str(timeouts.bootstrap_timeout_s),
+        "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(timeouts.waiting_timeout_s),
+        "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": str(timeouts.heartbeat_interval_s),
+        "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": str(timeouts.heartbeat_max_failure),
+        "SGLANG_TEST_DISAGG_FAILURE_PROB": str(timeouts.failure_prob),
+    }
+
+
+def configure_logging(level: str) -> None:
+    # SGLang's prefix: "[2026-08-16 10:00:00 TP0] message".
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="[%(asctime)s TP0] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        stream=sys.stdout,
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def log_startup(s: WorkerSettings) -> None:
+    kv_gb = s.pool_tokens * s.kv_bytes_per_token / 1024**3
+    log.info("server_args=%s", s.to_json())
+    log.info("KV Cache is allocated. dtype: torch.bfloat16, #tokens: %d, K size: %.2f GB, V size: %.2f GB", s.pool_tokens, kv_gb / 2, kv_gb / 2)
+    log.info("Memory pool end. avail mem=%.2f GB", s.available_gpu_mem_gb)
+    log.info(
+        "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=%d, max_running_requests=%d, context_len=%d, available_gpu_mem=%.2f GB",
+        s.pool_tokens, s.chunked_prefill_size, s.chunked_prefill_size, s.max_running_requests, s.context_length, s.available_gpu_mem_gb,
+    )
+
+
+async def serve(settings: WorkerSettings) -> None:
+    engine = ENGINES[settings.role](settings)
+    runners: list[web.AppRunner] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    log_startup(settings)
+    await engine.start()
+    if isinstance(engine, PrefillEngine):
+        bootstrap = web.AppRunner(engine.bootstrap.app(), access_log=None)
+        await bootstrap.setup()
+        await web.TCPSite(bootstrap, settings.host, settings.bootstrap_port).start()
+        runners.append(bootstrap)
+    # handler_cancellation: a client that hangs up cancels its handler, which aborts the request.
+    http = web.AppRunner(WorkerApi(engine).app(), access_log=None, handler_cancellation=True)
+    await http.setup()
+    await web.TCPSite(http, settings.host, settings.port).start()
+    runners.append(http)
+    log.info("The server is fired up and ready to roll!")
+
+    await stop.wait()
+    log.info("Shutting down")
+    await engine.stop()
+    for runner in reversed(runners):
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
