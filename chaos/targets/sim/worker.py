@@ -126,6 +126,9 @@ def configure_logging(level: str) -> None:
         stream=sys.stdout,
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # The router probes every worker over gRPC (HTTP/2) before falling back to HTTP; aiohttp
+    # would log each probe as a malformed request with a traceback.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
 
 
 def log_startup(s: WorkerSettings) -> None:
