@@ -180,6 +180,7 @@ class DecodeEngine(Engine):
                 self._fail(req, "transfer", f"KV checksum mismatch (sent {done.checksum}, landed {landed})")
                 return
         req.kv_computed = True
+        req.cached_tokens = done.cached_tokens
         req.mode = model.choose_mode(self.pool.read(slots))
         self.start_decoding(req, done.first_token)
 

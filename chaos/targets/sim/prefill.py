@@ -85,7 +85,7 @@ class PrefillEngine(Engine):
                 self.pool,
                 src_slots,
                 dst_slots,
-                Done(first_token=first, num_tokens=n, checksum=checksum),
+                Done(first_token=first, num_tokens=n, checksum=checksum, cached_tokens=req.cached_tokens),
                 chunk_tokens=self.settings.transfer_chunk_pages * self.pool.page_size,
                 tokens_per_s=self.settings.transfer_tokens_per_s,
                 should_stop=lambda: req.abort_reason is not None or sender.abort_requested,

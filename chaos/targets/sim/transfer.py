@@ -8,7 +8,7 @@ address prefill must connect to.
 
 Frame: `!4sBQI` header (magic, kind, bootstrap room, payload length) + payload.
 - WRITE payload: count (u32), then slots, tokens, positions (int64) and ctx (uint64), little-endian.
-- DONE payload: JSON `{"first_token", "num_tokens", "checksum"}`.
+- DONE payload: JSON `{"first_token", "num_tokens", "checksum", "cached_tokens"}`.
 - ABORTED and ACK: empty.
 """
 
@@ -53,6 +53,7 @@ class Done:
     first_token: int
     num_tokens: int
     checksum: int | None
+    cached_tokens: int = 0  # prefill's prefix-cache hit, reported in decode's usage
 
 
 def kv_checksum(kv: KVSlots) -> int:
@@ -150,7 +151,7 @@ class KVReceiver:
                 elif kind is Kind.DONE:
                     info = json.loads(payload)
                     rooms[room] = True
-                    self.sink.on_done(room, Done(int(info["first_token"]), int(info["num_tokens"]), info.get("checksum")))
+                    self.sink.on_done(room, Done(int(info["first_token"]), int(info["num_tokens"]), info.get("checksum"), int(info.get("cached_tokens", 0))))
                     writer.write(_frame(Kind.ACK, room))
                     await writer.drain()
                 elif kind is Kind.ABORTED:
