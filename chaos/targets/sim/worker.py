@@ -133,7 +133,15 @@ def configure_logging(level: str) -> None:
 
 def log_startup(s: WorkerSettings) -> None:
     kv_gb = s.pool_tokens * s.kv_bytes_per_token / 1024**3
-    log.info("server_args=%s", s.to_json())
+    # SGLang prints its ServerArgs dataclass repr; our readers (chaos/facts.py) parse that form.
+    args = {
+        "model_path": s.model_path, "served_model_name": s.model_name, "host": s.host, "port": s.port,
+        "mem_fraction_static": s.mem_fraction_static, "max_total_tokens": s.max_total_tokens,
+        "context_length": s.context_length, "page_size": s.page_size, "tp_size": 1, "dp_size": 1,
+        "disaggregation_mode": s.role, "disaggregation_bootstrap_port": s.bootstrap_port,
+        "disaggregation_enable_kv_checksum": s.kv_checksum,
+    }
+    log.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in args.items()))
     log.info("KV Cache is allocated. dtype: torch.bfloat16, #tokens: %d, K size: %.2f GB, V size: %.2f GB", s.pool_tokens, kv_gb / 2, kv_gb / 2)
     log.info("Memory pool end. avail mem=%.2f GB", s.available_gpu_mem_gb)
     log.info(
