@@ -380,17 +380,7 @@ def test_protocol_violations_drop_the_connection(frame: bytes, expected_events: 
     _run(main)
 
 
-BAD_DONE_REASON = (
-    "KVReceiver._serve sets rooms[room] = True before the DONE payload is validated: a DONE whose "
-    "JSON lacks a field (KeyError) or is not an object (TypeError, not even caught) drops the "
-    "connection without on_done yet reports on_stream_closed(room, terminated=True), which decode "
-    "ignores for a waiting room, so the request hangs until the waiting timeout (300 s default). "
-    "Fix: build the Done first inside try/except (ValueError, KeyError, TypeError) -> "
-    "ProtocolViolation, and only then set rooms[room] = True and call on_done."
-)
-
-
-@pytest.mark.xfail(strict=True, reason=BAD_DONE_REASON)
+# A DONE that does not parse must count as an unterminated stream, so a waiting decode fails fast.
 @pytest.mark.parametrize(
     "payload",
     [
@@ -467,16 +457,6 @@ def test_connect_to_closed_port_raises_transfer_failed_never_connected() -> None
     _run(main)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "HEADER.pack raises struct.error for a room outside [0, 2**64), and KVSender.send does not "
-        "catch it: prefill's handoff (which handles TransferFailed only) dies with a 500 'Internal "
-        "error', and decode, which never sees a frame for the room, waits out the waiting timeout. "
-        "Fix: add struct.error to the except tuple in KVSender.send (and reject such rooms with "
-        "BadRequest in protocol._bootstrap)."
-    ),
-)
 def test_sender_with_room_outside_u64_fails_as_transfer_failed() -> None:
     """A room the frame header cannot carry (negative, or >= 2**64) must fail as TransferFailed.
 

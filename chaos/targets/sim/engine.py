@@ -295,7 +295,13 @@ class Engine:
             self._log_prefill_batch(batch, new_tokens)
             await asyncio.sleep(new_tokens / self.settings.prefill_tokens_per_s)
             for req in batch:
-                first = self._compute_prompt(req)
+                try:
+                    first = self._compute_prompt(req)
+                except Exception as exc:  # one request's failure must not stop the loop
+                    log.exception("Prefill of %s failed", req.rid)
+                    if not req.prefilled.done():
+                        req.prefilled.set_exception(exc)
+                    continue
                 if not req.prefilled.done():
                     req.prefilled.set_result(first)
 

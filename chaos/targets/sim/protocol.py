@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from chaos.targets.sim.model import Sampling
-from chaos.targets.sim.tokenizer import tokenize
+from chaos.targets.sim.tokenizer import EOS_ID, tokenize
 
 Api = Literal["generate", "chat", "completions"]
 
@@ -140,11 +140,17 @@ def _stop(value: Any) -> tuple[str, ...]:
     raise BadRequest("Field 'stop' must be a string or a list of strings")
 
 
+ROOM_LIMIT = 2**64  # the transfer frame carries the room as an unsigned 64-bit number
+
+
 def _bootstrap(body: dict[str, Any]) -> dict[str, Any]:
+    room = _get(body, "bootstrap_room", (int,))
+    if room is not None and not 0 <= room < ROOM_LIMIT:
+        raise BadRequest(f"bootstrap_room must be in [0, 2**64), got {room}")
     return {
         "bootstrap_host": _get(body, "bootstrap_host", (str,)),
         "bootstrap_port": _get(body, "bootstrap_port", (int,)),
-        "bootstrap_room": _get(body, "bootstrap_room", (int,)),
+        "bootstrap_room": room,
     }
 
 
@@ -161,8 +167,8 @@ def parse_generate(body: dict[str, Any], default_max_new_tokens: int) -> Generat
             raise BadRequest(f"Field 'text' must be a string, got {type(text).__name__}")
         ids = tokenize(text)
     elif input_ids is not None:
-        if not isinstance(input_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in input_ids):
-            raise BadRequest("Field 'input_ids' must be a list of non-negative integers")
+        if not isinstance(input_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= EOS_ID for t in input_ids):
+            raise BadRequest(f"Field 'input_ids' must be a list of token ids in [0, {EOS_ID}]")
         ids = list(input_ids)
     else:
         raise BadRequest("Either text or input_ids should be provided.")

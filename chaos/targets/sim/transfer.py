@@ -92,6 +92,14 @@ def _parse_write(payload: bytes) -> tuple[np.ndarray, KVSlots]:
     )
 
 
+def _parse_done(payload: bytes) -> Done:
+    try:
+        info = json.loads(payload)
+        return Done(int(info["first_token"]), int(info["num_tokens"]), info.get("checksum"), int(info.get("cached_tokens", 0)))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProtocolViolation(f"bad DONE payload: {exc!r}") from None
+
+
 async def _read_frame(reader: asyncio.StreamReader) -> tuple[Kind, int, bytes]:
     magic, kind, room, length = HEADER.unpack(await reader.readexactly(HEADER.size))
     if magic != MAGIC:
@@ -149,9 +157,9 @@ class KVReceiver:
                         raise ProtocolViolation("WRITE outside the pool")
                     self.pool.write(slots, kv)  # no ownership check, as with RDMA
                 elif kind is Kind.DONE:
-                    info = json.loads(payload)
+                    done = _parse_done(payload)
                     rooms[room] = True
-                    self.sink.on_done(room, Done(int(info["first_token"]), int(info["num_tokens"]), info.get("checksum"), int(info.get("cached_tokens", 0))))
+                    self.sink.on_done(room, done)
                     writer.write(_frame(Kind.ACK, room))
                     await writer.drain()
                 elif kind is Kind.ABORTED:
@@ -163,7 +171,7 @@ class KVReceiver:
                     raise ProtocolViolation(f"unexpected {kind.name} frame from a sender")
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
-        except (ProtocolViolation, ValueError, KeyError) as exc:
+        except ProtocolViolation as exc:
             log.warning("Dropping KV transfer connection: %s", exc)
         finally:
             self.open_connections -= 1
@@ -253,7 +261,7 @@ class KVSender:
             if kind is not Kind.ACK or room != self.room:
                 raise TransferFailed(f"expected ACK for room {self.room}, got {kind.name} for {room}")
             return not stopped
-        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ProtocolViolation) as exc:
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ProtocolViolation, struct.error) as exc:
             raise TransferFailed(f"{type(exc).__name__}: {exc}") from None
         finally:
             writer.close()
