@@ -63,10 +63,11 @@ class LoadConfig:
     think_time_s: tuple[float, float] = (0.0, 0.05)
     seed: int = 0
     phase: str = "load"
+    index_base: int = 0  # request indices below it are reserved (the runner's probes)
 
     def request_index(self, local_sequence: int) -> int:
         """Indices interleave across actors, so markers are unique in the whole run."""
-        return local_sequence * self.actor_count + self.actor_index
+        return self.index_base + local_sequence * self.actor_count + self.actor_index
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from chaos.process import ManagedProcess
 
 WorkerRole = Literal["prefill", "decode"]
 
@@ -53,3 +56,27 @@ class TargetState:
     kind: str
     endpoints: Endpoints
     processes: list[ProcessRef] = field(default_factory=list)
+
+
+class Target(Protocol):
+    """What the runner and the faults need of a deployment (launched or attached)."""
+
+    kind: str
+    run_dir: Path
+
+    @property
+    def endpoints(self) -> Endpoints: ...
+
+    def processes(self, role: str) -> list[ManagedProcess]:
+        """The process groups of a role the suite may signal (empty when attached by URL)."""
+        ...
+
+    def restart(self, role: str, **overrides: Any) -> Any:
+        """Restart one role with changed settings; raises TargetError where impossible."""
+        ...
+
+    def role_settings(self, role: str) -> dict[str, Any]:
+        """The settings a role runs with now, as restart() takes them."""
+        ...
+
+    def logs(self, role: str) -> str: ...

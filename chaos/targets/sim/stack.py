@@ -18,7 +18,7 @@ from typing import Any
 
 from chaos.process import ManagedProcess, free_port, kill_group, launch, pid_alive, wait_http_ok
 from chaos.targets.base import Endpoints, ProcessRef, TargetState, WorkerEndpoint
-from chaos.targets.sim.settings import WorkerSettings
+from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.sim.worker import command_for, env_for
 
 LOOPBACK = "127.0.0.1"
@@ -81,6 +81,7 @@ class SimStack:
         self.run_dir = run_dir
         self.log_dir = run_dir / "logs"
         self.settings: dict[str, WorkerSettings] = {}
+        self.extra_env: dict[str, dict[str, str]] = {}  # per role, over the settings' own env
         self.procs: dict[str, ManagedProcess] = {}
         self._router_options = config.router
         self._ports: dict[str, int] = {}
@@ -105,7 +106,8 @@ class SimStack:
 
     def _start_worker(self, role: str, settings: WorkerSettings) -> None:
         self.settings[role] = settings
-        self.procs[role] = launch(role, command_for(settings), self.log_dir / f"{role}.log", env_for(settings.timeouts))
+        env = {**env_for(settings.timeouts), **self.extra_env.get(role, {})}
+        self.procs[role] = launch(role, command_for(settings), self.log_dir / f"{role}.log", env)
 
     def _start_router(self) -> None:
         argv = router_command(
@@ -124,19 +126,26 @@ class SimStack:
         if state_file.exists():
             state_file.unlink()
 
-    def restart(self, role: str, **overrides: Any) -> WorkerSettings:
-        """Restart one role with changed settings (memory fraction, context length, ...)."""
+    def restart(self, role: str, env: dict[str, str] | None = None, **overrides: Any) -> None:
+        """Restart one role with changed settings (memory fraction, context length, ...).
+
+        `env` replaces the role's extra environment (e.g. SGLANG_TEST_DISAGG_FAILURE_PROB);
+        None keeps it. Settings not named keep their current values.
+        """
         if role == "router":
             self.procs["router"].stop()
             self._start_router()
             self.write_state()
-            return self.settings.get("prefill", self.config.worker)
+            return
+        if env is not None:
+            self.extra_env[role] = dict(env)
         self.procs[role].stop()
+        if isinstance(overrides.get("timeouts"), dict):
+            overrides["timeouts"] = TransferTimeouts(**overrides["timeouts"])
         settings = replace(self.settings[role], **overrides)
         self._start_worker(role, settings)
         wait_http_ok(self.worker_url(role) + "/health", self.config.startup_timeout_s, self.procs[role])
         self.write_state()
-        return settings
 
     # ------------------------------------------------------------------------- inspection ----
 
@@ -160,6 +169,12 @@ class SimStack:
 
     def processes(self, role: str) -> list[ManagedProcess]:
         return [p for name, p in self.procs.items() if name == role]
+
+    def role_settings(self, role: str) -> dict[str, Any]:
+        """Current settings of a role plus its extra env, in the form restart() takes."""
+        if role not in self.settings:
+            return {}
+        return {**dataclasses.asdict(self.settings[role]), "env": dict(self.extra_env.get(role, {}))}
 
     def logs(self, role: str) -> str:
         path = self.log_dir / f"{role}.log"

@@ -23,6 +23,7 @@ from chaos.targets.sim.settings import ROLES, TransferTimeouts, WorkerSettings
 
 log = logging.getLogger("sglang.launch_server")
 
+SHUTDOWN_GRACE_S = 2.0  # in-flight requests get this long on SIGTERM (aiohttp's default is 60 s)
 ENGINES: dict[str, type[Engine]] = {"null": Engine, "prefill": PrefillEngine, "decode": DecodeEngine}
 
 
@@ -161,12 +162,12 @@ async def serve(settings: WorkerSettings) -> None:
     log_startup(settings)
     await engine.start()
     if isinstance(engine, PrefillEngine):
-        bootstrap = web.AppRunner(engine.bootstrap.app(), access_log=None)
+        bootstrap = web.AppRunner(engine.bootstrap.app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S)
         await bootstrap.setup()
         await web.TCPSite(bootstrap, settings.host, settings.bootstrap_port).start()
         runners.append(bootstrap)
     # handler_cancellation: a client that hangs up cancels its handler, which aborts the request.
-    http = web.AppRunner(WorkerApi(engine).app(), access_log=None, handler_cancellation=True)
+    http = web.AppRunner(WorkerApi(engine).app(), access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
     await http.setup()
     await web.TCPSite(http, settings.host, settings.port).start()
     runners.append(http)

@@ -1,0 +1,76 @@
+"""The canary oracle: any response that carries another request's marker is a LEAK.
+
+One linear scan per response finds every marker and fragment (chaos/oracles/canary.py). A marker
+owned by another request of this run is attributed to that request, its victim, whatever the
+victim's own outcome (aborted and failed requests are still sources). A verified marker of
+another run means the engine served content left over from before this run: also a leak.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from chaos.journal import RequestRecord
+from chaos.oracles.base import OracleContext
+from chaos.oracles.canary import MarkerCodec, MarkerHit
+from chaos.verdict import Finding, OracleResult, Verdict
+
+CONTEXT_CHARS = 40
+
+
+def _excerpt(text: str, hit: MarkerHit) -> str:
+    start = max(0, hit.offset - CONTEXT_CHARS)
+    return text[start : hit.end + CONTEXT_CHARS]
+
+
+class CanaryLeakOracle:
+    name = "canary"
+
+    def evaluate(self, ctx: OracleContext) -> OracleResult:
+        codec = MarkerCodec(ctx.run_prefix)
+        owners: dict[int, list[RequestRecord]] = defaultdict(list)
+        for record in ctx.requests:
+            owners[record.request_index].append(record)
+        findings: list[Finding] = []
+        scanned = 0
+        for record in ctx.requests:
+            if not record.response_text:
+                continue
+            scanned += 1
+            for hit in codec.scan(record.response_text):
+                finding = self._judge(ctx, codec, record, hit, owners)
+                if finding is not None:
+                    findings.append(finding)
+        return OracleResult.from_findings(self.name, scanned, findings)
+
+    def _judge(self, ctx: OracleContext, codec: MarkerCodec, record: RequestRecord, hit: MarkerHit,
+               owners: dict[int, list[RequestRecord]]) -> Finding | None:
+        evidence = {
+            "marker": hit.text, "kind": hit.kind.value, "offset": hit.offset, "verified": hit.verified,
+            "excerpt": _excerpt(record.response_text, hit), "faults_active": ctx.windows_at(record.t_send),
+        }
+        if hit.foreign_run:
+            if not hit.verified:  # a fragment of an unknown run cannot be told from chance text
+                return None
+            return Finding(self.name, Verdict.FAIL,
+                           f"response to {record.id} carries a marker of another run ({hit.run_prefix})",
+                           request_id=record.id, window=_first(evidence["faults_active"]), evidence=evidence)
+        if hit.could_be_owned_by(codec.run_prefix, record.request_index):
+            return None
+        victims = owners.get(hit.request_index, []) if hit.request_index is not None else []
+        victim = victims[0] if victims else None
+        if victim is not None:
+            evidence["victim_faults_active"] = ctx.windows_at(victim.t_send)
+            evidence["victim_outcome"] = victim.outcome.value
+        who = (f"request {victim.id}" if victim else
+               f"request index {hit.request_index} (not journaled)" if hit.request_index is not None else
+               "another request (fragment too short to name it)")
+        return Finding(
+            self.name, Verdict.FAIL, f"LEAK: response to {record.id} contains {hit.kind.value} marker of {who}",
+            request_id=record.id, victim_request_id=victim.id if victim else None,
+            window=_first(evidence["faults_active"]), evidence=evidence,
+        )
+
+
+def _first(labels: list[str]) -> str | None:
+    return labels[0] if labels else None

@@ -1,0 +1,26 @@
+"""Every fault family by name; a campaign names faults by these keys."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from chaos.errors import UsageError
+from faults.base import Fault
+from faults.process import ProcessKill, TransferStall
+from faults.restarts import EngineFailure, MemoryFraction
+
+FAULTS: dict[str, type[Fault]] = {cls.name: cls for cls in (TransferStall, ProcessKill, MemoryFraction, EngineFailure)}
+
+
+def build_fault(name: str, params: Mapping[str, Any], where: str) -> Fault:
+    cls = FAULTS.get(name)
+    if cls is None:
+        raise UsageError(f"{where}: unknown fault {name!r}; known faults: {', '.join(sorted(FAULTS))} (see `pdchaos faults list`)")
+    return cls(cls.Params.from_mapping(params, where))
+
+
+def describe(cls: type[Fault]) -> list[str]:
+    fields = [f"{f.name}: {f.type} = {f.default!r}" for f in dataclasses.fields(cls.Params)]
+    return [f"{cls.name}  [{', '.join(sorted(cls.targets))}]", f"    {cls.summary}"] + [f"    - {line}" for line in fields]

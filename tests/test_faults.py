@@ -1,0 +1,157 @@
+"""Fault families against the embedded engine: injected, confirmed (or not), healed, audited."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+
+from chaos.journal import Journal
+from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
+from chaos.targets.sim.stack import SimStack, SimStackConfig
+from chaos.windows import windows_from_events
+from faults.base import FaultContext
+from faults.registry import FAULTS, build_fault
+from faults.undo import group_members, process_state
+from faults.window import run_window
+from tests.conftest import start_stack, wait_until
+
+pytestmark = pytest.mark.integration
+
+FAULT_STACK = SimStackConfig(
+    worker=WorkerSettings(transfer_tokens_per_s=20000.0, timeouts=replace(TransferTimeouts(), waiting_timeout_s=2.0, bootstrap_timeout_s=3.0)),
+)
+PROMPT = "Please repeat the ledger. " + "ledger line with amounts " * 120
+
+
+class Traffic:
+    """A few client threads sending requests through the router until stopped."""
+
+    def __init__(self, url: str, threads: int = 3) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.statuses: list[int] = []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self.stop.is_set():
+                try:
+                    r = client.post(f"{self.url}/generate", json={"text": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+                    self.statuses.append(r.status_code)
+                except httpx.HTTPError:
+                    self.statuses.append(0)
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(40)
+
+
+@pytest.fixture()
+def stack(tmp_path: Path) -> Iterator[SimStack]:
+    s = start_stack(tmp_path, FAULT_STACK)
+    try:
+        yield s
+    finally:
+        s.down()
+
+
+def _ctx(stack: SimStack, journal: Journal, window: str) -> FaultContext:
+    return FaultContext(target=stack, journal=journal, window_id=window)
+
+
+def _pools_idle(stack: SimStack) -> bool:
+    for role in ("prefill", "decode"):
+        data = httpx.get(f"{stack.worker_url(role)}/v1/loads", timeout=5).json()
+        if data["num_used_tokens"] or data["quarantined_tokens"] or data["num_running_reqs"]:
+            return False
+    return True
+
+
+def test_transfer_stall_is_confirmed_healed_and_journaled(stack: SimStack, tmp_path: Path) -> None:
+    fault = build_fault("transfer_stall", {"role": "prefill"}, "faults[0]")
+    with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url):
+        result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=4.0)
+        assert result.confirmation.confirmed, result.confirmation.evidence
+        assert result.healed and not result.leftovers
+        assert all(process_state(pid) != "T" for pid in group_members(stack.procs["prefill"].pgid))
+        windows = windows_from_events(journal.iter_events())
+    assert [(w.fault, w.confirmed, w.healed) for w in windows] == [("transfer_stall", True, True)]
+    assert windows[0].start is not None and windows[0].end is not None and windows[0].end > windows[0].start
+    wait_until(lambda: _pools_idle(stack), timeout_s=30, what="pools back at baseline after the stall")
+
+
+def test_a_stall_nobody_waits_on_is_reported_unconfirmed(stack: SimStack, tmp_path: Path) -> None:
+    """No traffic and a stall shorter than the waiting timeout: nothing times out, so no proof."""
+    fault = build_fault("transfer_stall", {"role": "prefill"}, "faults[0]")
+    with Journal.create(tmp_path / "run") as journal:
+        result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=1.0)
+    assert not result.confirmation.confirmed
+    assert result.healed and not result.leftovers
+
+
+def test_process_kill_confirms_down_and_heal_restarts(stack: SimStack, tmp_path: Path) -> None:
+    fault = build_fault("process_kill", {"role": "prefill", "signal": "KILL"}, "faults[0]")
+    old_pid = stack.procs["prefill"].pid
+    with Journal.create(tmp_path / "run") as journal:
+        result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=1.0)
+    assert result.confirmation.confirmed, result.confirmation.evidence
+    assert result.healed and not result.leftovers
+    assert stack.procs["prefill"].pid != old_pid and stack.procs["prefill"].alive()
+    r = httpx.post(f"{stack.router_url}/generate", json={"text": "back?", "sampling_params": {"max_new_tokens": 4}}, timeout=30)
+    assert r.status_code == 200
+
+
+def test_memory_fraction_makes_pools_asymmetric_and_heal_restores(stack: SimStack, tmp_path: Path) -> None:
+    before = httpx.get(f"{stack.worker_url('prefill')}/server_info").json()
+    fault = build_fault("memory_fraction", {"role": "prefill", "max_total_tokens": 4096}, "faults[0]")
+    with Journal.create(tmp_path / "run") as journal:
+        seen: dict = {}
+
+        def peek() -> bool:
+            seen.update(httpx.get(f"{stack.worker_url('prefill')}/server_info").json())
+            return True
+
+        result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=0.5, keep_going=peek)
+    assert result.confirmation.confirmed, result.confirmation.evidence
+    assert seen["max_total_num_tokens"] == 4096 != before["max_total_num_tokens"]
+    after = httpx.get(f"{stack.worker_url('prefill')}/server_info").json()
+    assert after["max_total_num_tokens"] == before["max_total_num_tokens"]
+    assert result.healed and not result.leftovers
+
+
+def test_engine_failure_probability_is_confirmed_by_the_engine_logs(stack: SimStack, tmp_path: Path) -> None:
+    fault = build_fault("engine_failure", {"role": "decode", "probability": 0.5}, "faults[0]")
+    with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url) as traffic:
+        result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=3.0)
+    assert result.confirmation.confirmed, result.confirmation.evidence
+    assert 500 in traffic.statuses
+    assert result.healed and not result.leftovers
+    assert stack.role_settings("decode")["env"] == {}
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"role": "nowhere"}, "is not one of"),
+    ({"rol": "prefill"}, "unknown parameter"),
+    ({"probability": 2.0}, "must be in (0, 1]"),
+])
+def test_bad_fault_parameters_name_the_field(params: dict, message: str) -> None:
+    from chaos.errors import UsageError
+
+    name = "engine_failure" if "probability" in params else "transfer_stall"
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        build_fault(name, params, "faults[3]")
+
+
+def test_every_fault_is_registered() -> None:
+    assert {"transfer_stall", "process_kill", "memory_fraction", "engine_failure"} <= set(FAULTS)
