@@ -137,7 +137,8 @@ class StreamFaults:
         return spec
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Only the fields that differ from a clean link: {} means no fault."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != f.default}
 
 
 NO_FAULTS = StreamFaults()
@@ -197,13 +198,14 @@ class FaultSpec:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "upstream": self.upstream.to_dict(),
-            "downstream": self.downstream.to_dict(),
-            "probability": self.probability,
-            "seed": self.seed,
-            "refuse": self.refuse,
-        }
+        """Sparse, like StreamFaults.to_dict; a spec that injects nothing is {}, which is what
+        `pdchaos heal`'s audit reads as "no faults left" (faults/undo.py)."""
+        if not self.active:
+            return {}
+        out: dict[str, Any] = {d: self.stream(d).to_dict() for d in DIRECTIONS if self.stream(d).active}
+        defaults = {"probability": 1.0, "seed": 0, "refuse": False}
+        out.update({k: getattr(self, k) for k, v in defaults.items() if getattr(self, k) != v})
+        return out
 
 
 def as_spec(faults: FaultSpec | Mapping[str, Any] | None) -> FaultSpec:
@@ -358,7 +360,7 @@ class _Connection:
         if delay_ms > 0:
             self.touched()
             self.stats.delayed_chunks += 1
-        flow.last_release = self.loop.time() + max(delay_ms, 0.0) / 1000
+        flow.last_release = max(self.loop.time() + max(delay_ms, 0.0) / 1000, flow.last_release)
         return flow.last_release
 
     async def _write_stage(self, flow: _Flow) -> None:
@@ -670,11 +672,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _serve_cli(args: argparse.Namespace) -> int:
-    from faults.proxy_control import ControlServer  # aiohttp only where the API is wanted
-
     proxy = FaultProxy(*args.listen, upstream=args.upstream, faults=args.faults)
     await proxy.start()
-    control = ControlServer(proxy, *args.control) if args.control else None
+    control = None
+    if args.control:
+        from faults.proxy_control import ControlServer  # aiohttp only where the API is wanted
+
+        control = ControlServer(proxy, *args.control)
     try:
         control_port = await control.start() if control else None
         stopping = asyncio.Event()
@@ -685,7 +689,7 @@ async def _serve_cli(args: argparse.Namespace) -> int:
             "pid": os.getpid(),
             "listen": f"{proxy.listen_host}:{proxy.port}",
             "listen_port": proxy.port,
-            "upstream": "%s:%d" % proxy.upstream,
+            "upstream": f"{proxy.upstream[0]}:{proxy.upstream[1]}",
             "control": f"{args.control[0]}:{control_port}" if control else None,
             "control_port": control_port,
         }

@@ -1,8 +1,9 @@
 """The HTTP control API of a standalone fault proxy (`python -m faults.proxy --control ...`).
 
 Toxiproxy-like and deliberately tiny:
-- GET /faults: the current FaultSpec as JSON;
-- PUT /faults: replace it (the whole spec; 400 with {"error": ...} when invalid);
+- GET /faults: the current FaultSpec as sparse JSON; {} when the link is clean (heal's audit
+  reads it so);
+- PUT /faults: replace it (the whole spec; {} clears; 400 with {"error": ...} when invalid);
 - GET /stats: ProxyStats, with "confirmed";
 - POST /reset: remove every fault (counters stay, so a heal never erases the evidence);
 - DELETE /stats: zero the counters (e.g. at the start of a fault window).
@@ -81,7 +82,8 @@ class ControlClient:
     """Sync client for a standalone proxy's control API."""
 
     def __init__(self, base_url: str, timeout_s: float = 5.0) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=timeout_s)
+        # trust_env=False: an HTTP(S)_PROXY in the environment must not catch loopback control calls.
+        self._http = httpx.Client(base_url=base_url, timeout=timeout_s, trust_env=False)
 
     def faults(self) -> FaultSpec:
         return FaultSpec.from_dict(self._json("GET", "/faults"))
