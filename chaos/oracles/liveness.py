@@ -1,0 +1,201 @@
+"""The liveness oracle: nothing hangs, and the engine is back where it started after the load.
+
+Requests (bug-zoo K8 / O8c): every request that was sent ends within
+`settings.request_deadline_s` of `t_send`. No `t_end` at all, or a later one, is FAIL (a hang:
+a transfer state machine with no terminal state, a reclaim that waits for a signal that never
+comes). Not judged: requests never sent (`t_send` is None) and requests with no end because the
+load stopped under them (`error_class == "load_stopped"`). A request the *client* gave up on
+(`error_class == "timeout"`) before the deadline proves neither: INCONCLUSIVE (the load's request
+timeout is shorter than the deadline, so a hang cannot be told from a slow answer).
+
+Quiescence (O8 accounting): the runner journals `probe/loads` snapshots of each worker's
+`/v1/loads`, `{"role", "phase": "idle_before"|"after_drain", "data"}`. Every `after_drain`
+snapshot must show, on that role,
+* every `*_reqs` counter of `disaggregation`, `num_running_reqs` and `num_waiting_reqs` at 0;
+* `num_used_tokens`, and `quarantined_tokens` where the engine reports it, no higher than in the
+  latest `idle_before` snapshot of the same role (pages that never came back are a leak, B02/B25).
+A breach is FAIL with the numbers. `data` may be one object or a list of per-rank objects (DP);
+ranks are paired by position. No `after_drain` snapshot at all, or none of a role's baseline to
+compare the token counts with, is INCONCLUSIVE with a note.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from chaos.journal import RequestRecord
+from chaos.oracles.base import OracleContext
+from chaos.verdict import Finding, OracleResult, Verdict
+
+IDLE_BEFORE = "idle_before"
+AFTER_DRAIN = "after_drain"
+QUEUE_KEYS = ("num_running_reqs", "num_waiting_reqs")
+TOKEN_KEYS = ("num_used_tokens", "quarantined_tokens")
+MAX_REQUEST_FINDINGS = 100
+
+
+def _first(labels: list[str]) -> str | None:
+    return labels[0] if labels else None
+
+
+def _ranks(data: Any) -> list[Mapping[str, Any]]:
+    if isinstance(data, Mapping):
+        return [data]
+    if isinstance(data, list):
+        return [d for d in data if isinstance(d, Mapping)]
+    return []
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def queue_counts(rank: Mapping[str, Any]) -> dict[str, float]:
+    """Every request-queue counter of one `/v1/loads` object (top level and `disaggregation`)."""
+    counts: dict[str, float] = {}
+    for key in QUEUE_KEYS:
+        value = _number(rank.get(key))
+        if value is not None:
+            counts[key] = value
+    disagg = rank.get("disaggregation")
+    if isinstance(disagg, Mapping):
+        for key, raw in disagg.items():
+            value = _number(raw)
+            if key.endswith("_reqs") and value is not None:
+                counts[f"disaggregation.{key}"] = value
+    return counts
+
+
+class LivenessOracle:
+    name = "liveness"
+
+    def evaluate(self, ctx: OracleContext) -> OracleResult:
+        findings: list[Finding] = []
+        notes: list[str] = []
+        checked = self._requests(ctx, findings, notes)
+        checked += self._quiescence(ctx, findings, notes)
+        return OracleResult.from_findings(self.name, checked, findings, notes)
+
+    # ------------------------------------------------------------------------------ requests ----
+
+    def _requests(self, ctx: OracleContext, findings: list[Finding], notes: list[str]) -> int:
+        deadline = ctx.settings.request_deadline_s
+        checked = 0
+        listed = 0
+        skipped: Counter[str] = Counter()
+        breaches: Counter[str] = Counter()
+        for record in ctx.requests:
+            if record.t_send is None:
+                skipped["never sent"] += 1
+                continue
+            verdict, summary = self._judge_request(record, deadline)
+            if verdict is None and summary:
+                skipped[summary] += 1
+                continue
+            checked += 1
+            if verdict is None:
+                continue
+            breaches[verdict.value] += 1
+            if listed >= MAX_REQUEST_FINDINGS:
+                continue
+            listed += 1
+            faults = ctx.windows_at(record.t_send)
+            findings.append(Finding(
+                self.name, verdict, summary, request_id=record.id, window=_first(faults),
+                evidence={"t_send": record.t_send, "t_end": record.t_end, "deadline_s": deadline,
+                          "duration_s": None if record.t_end is None else round(record.t_end - record.t_send, 3),
+                          "status": record.status, "error_class": record.error_class, "user_kind": record.user_kind,
+                          "phase": record.phase, "faults_active": faults},
+            ))
+        notes.append(f"requests: {checked} judged against a {deadline:g} s deadline"
+                     + "".join(f", {n} {v}" for v, n in sorted(breaches.items())))
+        if listed < sum(breaches.values()):
+            notes.append(f"requests: {sum(breaches.values()) - listed} further breach(es) not listed")
+        for why, count in sorted(skipped.items()):
+            notes.append(f"requests: {count} not judged ({why})")
+        return checked
+
+    @staticmethod
+    def _judge_request(record: RequestRecord, deadline: float) -> tuple[Verdict | None, str]:
+        """(verdict, summary) of a breach; (None, "") when fine; (None, why) when not judged."""
+        assert record.t_send is not None
+        if record.t_end is None:
+            if record.error_class == "load_stopped":
+                return None, "cut off by the end of the load"
+            return Verdict.FAIL, f"{record.id} never ended (no t_end recorded): a hang"
+        duration = record.t_end - record.t_send
+        if duration > deadline:
+            return Verdict.FAIL, f"{record.id} took {duration:.1f} s, past the {deadline:g} s deadline: a hang"
+        if record.error_class == "timeout":
+            return Verdict.INCONCLUSIVE, (f"{record.id}: the client gave up after {duration:.1f} s, before the "
+                                          f"{deadline:g} s deadline: a hang cannot be told from a slow answer")
+        return None, ""
+
+    # ---------------------------------------------------------------------------- quiescence ----
+
+    def _quiescence(self, ctx: OracleContext, findings: list[Finding], notes: list[str]) -> int:
+        idle: dict[str, list[Mapping[str, Any]]] = {}
+        checked = 0
+        drained = 0
+        for snapshot in ctx.snapshots("loads"):
+            role, phase, ranks = snapshot.get("role"), snapshot.get("phase"), _ranks(snapshot.get("data"))
+            if not isinstance(role, str) or not ranks:
+                continue
+            if phase == IDLE_BEFORE:
+                idle[role] = list(ranks)
+            elif phase == AFTER_DRAIN:
+                drained += 1
+                checked += self._judge_drain(ctx, role, ranks, idle.get(role), findings, notes)
+        if drained == 0:
+            findings.append(Finding(self.name, Verdict.INCONCLUSIVE,
+                                    "no after-drain /v1/loads snapshot: queue drain and page return not verified"))
+            notes.append("quiescence: no probe/loads snapshot with phase after_drain")
+        return checked
+
+    def _judge_drain(self, ctx: OracleContext, role: str, ranks: list[Mapping[str, Any]],
+                     before: list[Mapping[str, Any]] | None, findings: list[Finding], notes: list[str]) -> int:
+        checked = 0
+        for index, rank in enumerate(ranks):
+            where = role if len(ranks) == 1 else f"{role} rank {index}"
+            queues = queue_counts(rank)
+            if queues:
+                checked += 1
+            stuck = {k: v for k, v in queues.items() if v != 0}
+            if stuck:
+                findings.append(Finding(
+                    self.name, Verdict.FAIL, f"{where}: queues did not drain after the load: "
+                    + ", ".join(f"{k}={v:g}" for k, v in sorted(stuck.items())),
+                    evidence={"role": role, "rank": index, "stuck": stuck, "after_drain": dict(rank)},
+                ))
+            base = before[index] if before is not None and index < len(before) else None
+            if base is None:
+                findings.append(Finding(
+                    self.name, Verdict.INCONCLUSIVE,
+                    f"{where}: no idle_before /v1/loads snapshot: used tokens after the load cannot be compared",
+                    evidence={"role": role, "rank": index, "after_drain": dict(rank)},
+                ))
+                continue
+            for key in TOKEN_KEYS:
+                now, was = _number(rank.get(key)), _number(base.get(key))
+                if now is None:
+                    continue
+                if was is None:
+                    notes.append(f"quiescence: {where} reports {key} only after the load: not compared")
+                    continue
+                checked += 1
+                if now > was:
+                    findings.append(Finding(
+                        self.name, Verdict.FAIL,
+                        f"{where}: {key} is {now:g} after the load drained, {was:g} before it: "
+                        f"{now - was:g} token(s) of KV pages leaked",
+                        evidence={"role": role, "rank": index, "key": key, "idle_before": was, "after_drain": now,
+                                  "leaked": now - was, "max_total_num_tokens": rank.get("max_total_num_tokens")},
+                    ))
+            notes.append(f"quiescence: {where} after drain: " + ", ".join(
+                f"{k}={rank.get(k)}" for k in TOKEN_KEYS if k in rank)
+                + (f" (before: {', '.join(f'{k}={base.get(k)}' for k in TOKEN_KEYS if k in base)})"))
+        return checked

@@ -1,0 +1,601 @@
+"""The oracles against targets that really have each defect, and against ones that do not.
+
+Every oracle is run on a journal written from real HTTP exchanges: with a purpose-built server
+(`tests/oracle_servers.py`) whose defect switch is on, it must FAIL; with the switch off, and on
+the embedded PD engine behind the real router, it must PASS. Hand-written records cover the
+edges (INCONCLUSIVE cases, tolerances, missing fields) that no server needs to produce.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from chaos.journal import EventKind, Journal, JournalEvent, Outcome, RequestRecord
+from chaos.oracles.base import OracleContext, OracleSettings
+from chaos.oracles.contracts import StatusContractOracle, UsageContractOracle
+from chaos.oracles.integrity import EngineIntegrityOracle, log_time
+from chaos.oracles.leaks import CanaryLeakOracle
+from chaos.oracles.liveness import LivenessOracle
+from chaos.oracles.reference import ReferenceOracle
+from chaos.oracles.registry import ALL_ORACLES, default_oracles, oracles_named
+from chaos.oracles.timing import TimingTellOracle
+from chaos.targets.sim.stack import SimStack
+from chaos.verdict import OracleResult, Verdict
+from tests.conftest import wait_until
+from tests.oracle_servers import (
+    Defects,
+    Shot,
+    drive,
+    fault_event,
+    serve,
+    snapshot_loads,
+    snapshot_metrics,
+)
+
+integration = pytest.mark.integration
+
+
+@pytest.fixture()
+def journal(tmp_path: Path) -> Iterator[Journal]:
+    j = Journal.create(tmp_path / "run")
+    try:
+        yield j
+    finally:
+        j.close()
+
+
+def context(journal: Journal, logs: dict[str, str] | None = None, **settings: Any) -> OracleContext:
+    return OracleContext(journal=journal, run_prefix="K7QM", logs=logs or {}, settings=OracleSettings(**settings))
+
+
+def fails(result: OracleResult) -> list[str]:
+    return [f.summary for f in result.findings if f.verdict is Verdict.FAIL]
+
+
+def words(tag: str, n: int) -> str:
+    """A prompt of exactly `n` whitespace tokens, unique to `tag`."""
+    return " ".join([tag] + [f"{tag}w{i % 97}" for i in range(n - 1)])
+
+
+def record(rid: str, index: int = 0, **fields: Any) -> RequestRecord:
+    base: dict[str, Any] = {"phase": "load", "user_kind": "canary_chat", "status": 200, "outcome": Outcome.OK,
+                            "finish_reason": "length", "t_send": 1000.0, "t_end": 1000.5, "endpoint": "/generate"}
+    base.update(fields)
+    return RequestRecord(id=rid, request_index=index, **base)
+
+
+def probe_shots(tag: str, count: int, *, phase: str, lengths: list[int] | None = None, max_tokens: int = 24,
+                stream: bool = False) -> list[Shot]:
+    lengths = lengths or [12 + 5 * i for i in range(count)]
+    return [Shot(index=100 + i, text=f"Please answer. {words(f'{tag}{i}', lengths[i])}", max_tokens=max_tokens,
+                 user_kind="probe", phase=phase, stream=stream) for i in range(count)]
+
+
+# =================================================================================== reference ====
+
+
+def _reference_run(journal: Journal, url: str, tag: str) -> None:
+    drive(journal, url, probe_shots(tag, 6, phase="baseline"))  # one at a time, no load
+    load = [s for _ in range(3) for s in probe_shots(tag, 6, phase="load")]
+    load += [Shot(index=500 + i, text=words(f"{tag}load{i}", 30)) for i in range(6)]
+    drive(journal, url, load, concurrent=True)
+
+
+@integration
+def test_reference_fails_when_greedy_output_changes_under_concurrency(journal: Journal) -> None:
+    with serve(Defects(shared_scratch=True)) as server:
+        _reference_run(journal, server.url, "ref")
+    result = ReferenceOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.FAIL, result
+    finding = result.findings[0]
+    assert finding.request_id and finding.request_id.startswith("load-")
+    assert finding.evidence["reference_id"].startswith("baseline-")
+    assert finding.evidence["expected"] != finding.evidence["got"]
+
+
+@integration
+def test_reference_passes_on_the_clean_server(journal: Journal) -> None:
+    with serve() as server:
+        _reference_run(journal, server.url, "ref")
+    result = ReferenceOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.PASS, result
+    assert result.checked == 18
+
+
+@integration
+def test_reference_passes_on_the_embedded_engine(journal: Journal, sim_stack: SimStack) -> None:
+    _reference_run(journal, sim_stack.router_url, "simref")
+    result = ReferenceOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.PASS, result
+    assert result.checked == 18
+
+
+@integration
+def test_reference_is_inconclusive_when_the_baseline_does_not_reproduce(journal: Journal) -> None:
+    # A probe's baseline sent twice: once alone, once while other traffic ran into its shared state.
+    with serve(Defects(shared_scratch=True)) as server:
+        dup = words("dup", 20)
+        drive(journal, server.url, [Shot(index=7, text=dup, max_tokens=24, user_kind="probe", phase="baseline")])
+        drive(journal, server.url, [Shot(index=7, text=dup, max_tokens=24, user_kind="probe", phase="baseline"),
+                                    Shot(index=9, text=words("other", 25), max_tokens=24)], concurrent=True)
+    result = ReferenceOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.INCONCLUSIVE
+    assert "baseline did not reproduce" in result.findings[0].summary
+
+
+def test_reference_edges_missing_or_failed_baselines_and_failed_replays(journal: Journal) -> None:
+    journal.append_requests([
+        record("b1", 1, user_kind="probe", phase="baseline", response_text="alpha beta gamma", max_tokens=3),
+        record("r1", 1, user_kind="probe", response_text="alpha beta gamma", max_tokens=3),
+        record("r1-failed", 1, user_kind="probe", status=500, outcome=Outcome.FAIL, response_text=""),
+        record("r1-partial", 1, user_kind="probe", finish_reason="abort", outcome=Outcome.INFO, response_text="alpha be"),
+        record("r2", 2, user_kind="probe", response_text="no baseline for me"),
+        record("b3", 3, user_kind="probe", phase="baseline", status=503, outcome=Outcome.FAIL),
+        record("r3", 3, user_kind="probe", response_text="x"),
+    ])
+    result = ReferenceOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.INCONCLUSIVE
+    assert result.checked == 2  # r1 and the partial r1; the 500 is not a mismatch and not checked
+    summaries = " | ".join(f.summary for f in result.findings)
+    assert "probe 2: no baseline" in summaries and "probe 3: baseline b3 did not succeed" in summaries
+
+
+def test_reference_partial_reply_must_be_a_prefix_of_the_reference(journal: Journal) -> None:
+    journal.append_requests([
+        record("b1", 1, user_kind="probe", phase="baseline", response_text="alpha beta gamma", max_tokens=3),
+        record("r1", 1, user_kind="probe", finish_reason="abort", outcome=Outcome.INFO, response_text="alpha zeta"),
+    ])
+    result = ReferenceOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.FAIL
+    assert "partial response to r1" in result.findings[0].summary
+
+
+def test_reference_tolerance_mode_compares_a_token_prefix_and_a_calibrated_rate(tmp_path: Path) -> None:
+    def run(name: str, max_rate: float) -> OracleResult:
+        with Journal.create(tmp_path / name) as j:
+            j.append_requests([record("b", 1, user_kind="probe", phase="baseline", response_text="a b c d e f")])
+            j.append_requests([record(f"ok{i}", 1, user_kind="probe", response_text="a b c d x y") for i in range(9)])
+            j.append_requests([record("bad", 1, user_kind="probe", response_text="a q c d e f")])
+            return ReferenceOracle().evaluate(context(j, reference_exact=False, reference_prefix_tokens=4,
+                                                      reference_max_mismatch_rate=max_rate))
+
+    tolerated = run("tolerated", 0.1)  # 1 of 10 differs within the first 4 tokens: rate 0.1
+    assert tolerated.verdict is Verdict.PASS and any("tolerated" in n for n in tolerated.notes)
+    strict = run("strict", 0.05)
+    assert strict.verdict is Verdict.FAIL and strict.findings[0].request_id == "bad"
+
+
+# ================================================================================ status contract ====
+
+
+OVER_LENGTH = 1500  # words; the toy server's context is 1024
+
+
+@integration
+def test_status_fails_an_over_length_prompt_answered_200(journal: Journal) -> None:
+    with serve(Defects(accept_over_length=True)) as server:
+        drive(journal, server.url, [Shot(index=1, text=words("warm", 40))])
+        drive(journal, server.url, [Shot(index=10 + i, text=words(f"long{i}", OVER_LENGTH), user_kind="over_length")
+                                    for i in range(3)], concurrent=True)
+    result = StatusContractOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.FAIL
+    assert len(fails(result)) == 3
+    assert all("answered 200" in s for s in fails(result))
+    assert result.findings[0].evidence["rule"] == "over_length_accepted"
+
+
+@integration
+def test_status_fails_an_abort_reported_as_length(journal: Journal) -> None:
+    with serve(Defects(abort_as_length=True)) as server:
+        drive(journal, server.url, [Shot(index=i, text=words(f"ab{i}", 30), max_tokens=400, user_kind="aborting",
+                                         abort_after_s=0.08) for i in range(3)], concurrent=True)
+    result = StatusContractOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.FAIL
+    assert len(fails(result)) == 3
+    assert all("aborted request was reported as a success" in s for s in fails(result))
+    assert result.findings[0].evidence["completion_tokens"] < 400
+
+
+@integration
+def test_status_passes_on_the_clean_server(journal: Journal) -> None:
+    with serve() as server:
+        drive(journal, server.url, [Shot(index=10 + i, text=words(f"long{i}", OVER_LENGTH), user_kind="over_length")
+                                    for i in range(3)]
+              + [Shot(index=20 + i, text=words(f"ab{i}", 30), max_tokens=400, user_kind="aborting", abort_after_s=0.08)
+                 for i in range(3)]
+              + [Shot(index=30 + i, text=words(f"ok{i}", 30)) for i in range(3)], concurrent=True)
+    records = {r.id: r for r in journal.iter_requests()}
+    assert {r.status for r in records.values() if r.user_kind == "over_length"} == {400}
+    assert {r.finish_reason for r in records.values() if r.user_kind == "aborting"} == {"abort"}
+    result = StatusContractOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.PASS, result
+    assert result.checked == 6  # 3 rejections + 3 full-length answers
+
+
+@integration
+def test_status_passes_on_the_embedded_engine(journal: Journal, sim_stack: SimStack) -> None:
+    context_len = sim_stack.settings["decode"].context_length
+    drive(journal, sim_stack.router_url,
+          [Shot(index=1 + i, text="word " * (context_len + 10 * i), user_kind="over_length") for i in range(2)]
+          + [Shot(index=10 + i, text=words(f"simst{i}", 40), max_tokens=12) for i in range(4)], concurrent=True)
+    result = StatusContractOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.PASS, result
+    assert result.checked == 6
+
+
+def test_status_edges_5xx_router_loss_in_a_fault_and_unjudged_over_length(journal: Journal) -> None:
+    fault_event(journal, "worker_kill", "w1", "inject", t=999.0)
+    fault_event(journal, "worker_kill", "w1", "heal", t=1001.0)
+    journal.append_requests([
+        record("ol-500", 1, user_kind="over_length", status=500, outcome=Outcome.FAIL, t_send=2000.0, t_end=2000.1),
+        record("ol-502-fault", 2, user_kind="over_length", status=502, outcome=Outcome.INFO),
+        record("ol-missed", 3, user_kind="over_length", anomaly="over_length_missed: ctx prompt_tokens=10 < 20",
+               completion_tokens=16, max_tokens=16),
+        record("ol-inband", 4, user_kind="over_length", finish_reason="abort", outcome=Outcome.FAIL,
+               completion_tokens=0, stream=True),
+        record("stream-no-usage", 5, finish_reason="length", completion_tokens=None, max_tokens=16),
+        record("short-length", 6, completion_tokens=1, max_tokens=16),
+    ])
+    result = StatusContractOracle().evaluate(context(journal))
+    by_id = {f.request_id: f for f in result.findings}
+    assert set(by_id) == {"ol-500", "short-length"}
+    assert "a short output was reported as reaching the token limit" in by_id["short-length"].summary
+    assert any("HTTP 502 while a fault was active" in n for n in result.notes)
+    assert any("over_length_missed" in n for n in result.notes)
+
+
+# ================================================================================= usage contract ====
+
+
+def _usage_run(journal: Journal, url: str, tag: str) -> None:
+    repeated = words(f"{tag}rep", 70)
+    drive(journal, url, [Shot(index=1, text=repeated, user_kind="probe", phase="baseline")])
+    drive(journal, url, [Shot(index=1, text=repeated, user_kind="probe") for _ in range(5)]
+          + [Shot(index=40 + i, text=words(f"{tag}u{i}", 50)) for i in range(4)], concurrent=True)
+    drive(journal, url, [Shot(index=1, text=repeated, user_kind="probe")])
+
+
+@integration
+def test_usage_fails_cached_tokens_over_prompt_tokens(journal: Journal) -> None:
+    with serve(Defects(cached_over_prompt=True)) as server:
+        _usage_run(journal, server.url, "cop")
+    result = UsageContractOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.FAIL
+    assert all(f.evidence["rule"] == "cached_over_prompt" for f in result.findings)
+    assert result.findings[0].evidence["cached_tokens"] > result.findings[0].evidence["prompt_tokens"]
+
+
+@integration
+def test_usage_fails_prompt_tokens_that_drift_under_concurrency(journal: Journal) -> None:
+    with serve(Defects(prompt_tokens_drift=True)) as server:
+        _usage_run(journal, server.url, "drift")
+    result = UsageContractOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.FAIL
+    finding = result.findings[0]
+    assert finding.evidence["rule"] == "prompt_tokens_inconsistent"
+    assert finding.evidence["expected_from"].startswith("baseline")
+
+
+@integration
+def test_usage_passes_on_the_clean_server(journal: Journal) -> None:
+    with serve() as server:
+        _usage_run(journal, server.url, "clean")
+    result = UsageContractOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.PASS, result
+    assert any(r.cached_tokens for r in journal.iter_requests())  # the cache rule was exercised
+
+
+@integration
+def test_usage_passes_on_the_embedded_engine(journal: Journal, sim_stack: SimStack) -> None:
+    _usage_run(journal, sim_stack.router_url, "simusage")
+    result = UsageContractOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.PASS, result
+    assert any(r.cached_tokens for r in journal.iter_requests())
+
+
+def test_usage_edges_text_without_tokens_over_limit_and_missing_usage(journal: Journal) -> None:
+    journal.append_requests([
+        record("zero", 1, response_text="hello", completion_tokens=0, prompt_tokens=5),
+        record("over", 2, response_text="a b", completion_tokens=20, max_tokens=16, prompt_tokens=5),
+        record("streamed", 3, response_text="a b", stream=True),  # no usage at all: not checked
+        record("p1", 4, user_kind="probe", phase="baseline", response_text="same", completion_tokens=3, prompt_tokens=4),
+        record("p2", 4, user_kind="probe", response_text="same", completion_tokens=5, prompt_tokens=4),
+    ])
+    result = UsageContractOracle().evaluate(context(journal))
+    rules = {f.request_id: f.evidence["rule"] for f in result.findings}
+    assert rules == {"zero": "text_without_tokens", "over": "completion_over_limit", "p2": "completion_tokens_inconsistent"}
+    assert any("no usage" in n for n in result.notes)
+
+
+# =================================================================================== timing tell ====
+
+
+BASELINE_LENGTHS = [40, 120, 250, 400, 550, 700, 850, 950]
+
+
+def _timing_run(journal: Journal, url: str, tag: str, *, over_length: int) -> None:
+    drive(journal, url, probe_shots(tag, len(BASELINE_LENGTHS), phase="baseline", lengths=BASELINE_LENGTHS,
+                                    max_tokens=8, stream=True))
+    long_prompt = words(f"{tag}cached", 900)
+    drive(journal, url, [Shot(index=60, text=long_prompt, max_tokens=8)])
+    load = [Shot(index=61 + i, text=words(f"{tag}long{i}", 800), max_tokens=8, stream=i % 2 == 0) for i in range(3)]
+    load += [Shot(index=70, text=long_prompt, max_tokens=8)]  # a prefix-cache hit: fast, and rightly so
+    load += [Shot(index=80 + i, text=words(f"{tag}over{i}", over_length), max_tokens=8, user_kind="over_length",
+                  stream=i == 0) for i in range(2)]
+    drive(journal, url, load, concurrent=True)
+
+
+@integration
+def test_timing_fails_a_long_prompt_answered_as_fast_as_a_one_token_prefill(journal: Journal) -> None:
+    with serve(Defects(accept_over_length=True)) as server:
+        _timing_run(journal, server.url, "tt", over_length=OVER_LENGTH)
+    result = TimingTellOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.FAIL, result
+    flagged = {journal.get_request(f.request_id).user_kind for f in result.findings}  # type: ignore[union-attr]
+    assert flagged == {"over_length"}
+    assert len(result.findings) == 2
+    assert any(f.evidence["exact_ttft"] for f in result.findings)  # the streamed one: a measured TTFT
+    assert any(not f.evidence["exact_ttft"] for f in result.findings)  # the other: its whole time bounds it
+    assert any(n.startswith("calibration: TTFT =") for n in result.notes)
+
+
+@integration
+def test_timing_passes_on_the_clean_server(journal: Journal) -> None:
+    with serve() as server:
+        _timing_run(journal, server.url, "tt", over_length=OVER_LENGTH)
+    result = TimingTellOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.PASS, result
+    assert result.checked >= 4  # the long load prompts were judged; the cached one was too short to judge
+
+
+@integration
+def test_timing_passes_on_the_embedded_engine(journal: Journal, sim_stack: SimStack) -> None:
+    # Same shape on the embedded engine (about two sim tokens per word here); its over-length
+    # prompts get a 400 and are not judged.
+    _timing_run(journal, sim_stack.router_url, "simtt", over_length=sim_stack.settings["decode"].context_length)
+    result = TimingTellOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.PASS, result
+    assert result.checked >= 3
+
+
+def test_timing_is_inconclusive_without_enough_spread_or_points(tmp_path: Path) -> None:
+    with Journal.create(tmp_path / "flat") as j:
+        j.append_requests([record(f"b{i}", i, phase="baseline", prompt_tokens=500 + i, cached_tokens=0,
+                                  t_send=1000.0, t_first_token=1000.1, t_end=1000.2) for i in range(8)])
+        result = TimingTellOracle().evaluate(context(j))
+    assert result.verdict is Verdict.INCONCLUSIVE and "do not spread enough" in result.notes[0]
+    with Journal.create(tmp_path / "few") as j:
+        j.append_requests([record("b", 1, phase="baseline", prompt_tokens=500, cached_tokens=0)])
+        result = TimingTellOracle().evaluate(context(j))
+    assert result.verdict is Verdict.INCONCLUSIVE and "fewer than 5" in result.notes[0]
+
+
+def test_timing_does_not_judge_a_repeated_prompt_without_cached_tokens(journal: Journal) -> None:
+    baseline = [record(f"b{n}", n, phase="baseline", prompt_tokens=n, cached_tokens=0, t_send=0.0,
+                       t_first_token=0.01 + n * 1e-4) for n in (100, 300, 500, 700, 900, 1100)]
+    fast = {"prompt_tokens": 1000, "cached_tokens": None, "t_send": 10.0, "t_first_token": 10.001, "t_end": 10.002}
+    journal.append_requests(baseline + [
+        record("again1", 50, prompt="shared text", **fast), record("again2", 51, prompt="shared text", **fast),
+        record("unique", 52, prompt="said once", **fast),
+    ])
+    result = TimingTellOracle().evaluate(context(journal))
+    assert [f.request_id for f in result.findings] == ["unique"]
+    assert any("may be a cache hit" in n for n in result.notes)
+
+
+# ============================================================================= engine integrity ====
+
+
+# SGLang's format strings (sglang-facts.md §3), filled in.
+SGLANG_CORRUPTION_LINE = ("[{ts} TP0] Context corruption detected: Request rid-x (bootstrap_room=4242) received "
+                          "metadata from bootstrap_room=1717. This indicates a metadata buffer index collision.")
+SGLANG_CANARY_LINE = ("[{ts} TP0] kv_canary violation: launch_tag=decode fail_reason=mismatch slot_idx=12 "
+                      "position=3 stored_token=17 expected_token=99")
+
+
+def _ts(t: float | None = None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() if t is None else t))
+
+
+@integration
+def test_integrity_fails_on_corruption_the_server_logs(journal: Journal) -> None:
+    with serve(Defects(shared_scratch=True, detect_corruption=True)) as server:
+        drive(journal, server.url, [Shot(index=i, text=words(f"ic{i}", 20), max_tokens=20) for i in range(4)],
+              concurrent=True)
+        logs = {"decode": server.log_text}
+    result = EngineIntegrityOracle().evaluate(context(journal, logs))
+    assert result.verdict is Verdict.FAIL
+    finding = result.findings[0]
+    assert finding.evidence["signal"] == "context_corruption"
+    assert journal.get_request(finding.request_id or "") is not None  # attributed to a journaled request
+
+
+@integration
+def test_integrity_passes_on_the_clean_server_log(journal: Journal) -> None:
+    with serve(Defects(shared_scratch=False, detect_corruption=True)) as server:
+        drive(journal, server.url, [Shot(index=i, text=words(f"ic{i}", 20), max_tokens=20) for i in range(4)]
+              + [Shot(index=9, text=words("icover", OVER_LENGTH), user_kind="over_length")], concurrent=True)
+        logs = {"decode": server.log_text}
+    assert "[http_server] Error" in logs["decode"]  # the log has lines: they just report no corruption
+    result = EngineIntegrityOracle().evaluate(context(journal, logs))
+    assert result.verdict is Verdict.PASS, result
+
+
+def test_integrity_reads_sglang_lines_and_needs_something_to_read(journal: Journal) -> None:
+    assert log_time("2026-08-16 10:00:00") == time.mktime((2026, 8, 16, 10, 0, 0, 0, 0, -1))
+    log = "\n".join([
+        SGLANG_CANARY_LINE.format(ts="2026-08-16 10:00:01"),
+        ("[2026-08-16 10:00:02 TP0] Prefill transfer failed for request rank=0 req.rid=r1 req.bootstrap_room=7 with "
+        "exception KVTransferError(bootstrap_room=7): Failed to send kv chunk of 7 to 10.0.0.2:17001"),
+        "[2026-08-16 10:00:02] Sync batch data transfer timeout after 30000000000ns",
+    ])
+    result = EngineIntegrityOracle().evaluate(context(journal, {"prefill": log}))
+    assert result.verdict is Verdict.FAIL and len(result.findings) == 1
+    assert result.findings[0].evidence["signal"] == "kv_canary_violation"
+    assert any("kv_transfer_error x1" in n for n in result.notes)
+    assert any("transfer_timeout x1" in n for n in result.notes)
+    assert EngineIntegrityOracle().evaluate(context(journal)).verdict is Verdict.INCONCLUSIVE
+
+
+# ===================================================================================== liveness ====
+
+
+@integration
+def test_liveness_fails_on_a_request_that_hangs(journal: Journal) -> None:
+    with serve(Defects(hang_word="STALLME")) as server:
+        snapshot_loads(journal, "decode", "idle_before", server.url)
+        drive(journal, server.url, [Shot(index=1, text="please STALLME now " + words("h", 10)),
+                                    Shot(index=2, text=words("fine", 10))], concurrent=True, timeout_s=1.5)
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=1.0))
+    assert result.verdict is Verdict.FAIL
+    hang = [f for f in result.findings if f.request_id and f.request_id.startswith("load-1-")]
+    assert hang and "past the 1 s deadline" in hang[0].summary
+
+
+@integration
+def test_liveness_fails_on_pages_and_queue_entries_leaked_by_aborts(journal: Journal) -> None:
+    with serve(Defects(leak_on_abort=True)) as server:
+        _abort_run(journal, server.url)
+    result = LivenessOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.FAIL
+    summaries = " | ".join(fails(result))
+    assert "decode_transfer_queue_reqs=3" in summaries
+    leak = next(f for f in result.findings if f.evidence.get("key") == "num_used_tokens")
+    assert leak.evidence["leaked"] > 0 and leak.evidence["idle_before"] == 0
+
+
+def _abort_run(journal: Journal, url: str) -> None:
+    snapshot_loads(journal, "decode", "idle_before", url)
+    drive(journal, url, [Shot(index=i, text=words(f"lk{i}", 30), max_tokens=400, user_kind="aborting",
+                              abort_after_s=0.05) for i in range(3)]
+          + [Shot(index=10 + i, text=words(f"ok{i}", 30)) for i in range(3)], concurrent=True)
+    snapshot_loads(journal, "decode", "after_drain", url)
+
+
+@integration
+def test_liveness_passes_on_the_clean_server(journal: Journal) -> None:
+    with serve() as server:
+        _abort_run(journal, server.url)
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=10.0))
+    assert result.verdict is Verdict.PASS, result
+
+
+@integration
+def test_liveness_passes_on_the_embedded_engine(journal: Journal, sim_stack: SimStack) -> None:
+    roles = {role: sim_stack.worker_url(role) for role in ("prefill", "decode")}
+    for role, url in roles.items():
+        snapshot_loads(journal, role, "idle_before", url)
+    drive(journal, sim_stack.router_url, [Shot(index=i, text=words(f"simlv{i}", 60 + 20 * i), max_tokens=16)
+                                          for i in range(12)], concurrent=True)
+
+    def drained() -> bool:
+        for url in roles.values():
+            data = httpx.get(f"{url}/v1/loads").json()
+            if data["num_used_tokens"] or data["num_running_reqs"] or any(
+                    v for k, v in data["disaggregation"].items() if k.endswith("_reqs")):
+                return False
+        return True
+
+    wait_until(drained, what="the embedded engine to drain")
+    for role, url in roles.items():
+        snapshot_loads(journal, role, "after_drain", url)
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
+    assert result.verdict is Verdict.PASS, result
+    assert result.checked >= 12 + 2 * 3
+
+
+def test_liveness_edges_no_end_client_timeout_missing_snapshots_and_dp_ranks(journal: Journal) -> None:
+    journal.append_requests([
+        record("no-end", 1, t_end=None, status=None, outcome=Outcome.INFO),
+        record("gave-up", 2, t_end=1005.0, status=None, outcome=Outcome.INFO, error_class="timeout"),
+        record("cut", 3, t_end=None, status=None, outcome=Outcome.INFO, error_class="load_stopped"),
+    ])
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
+    verdicts = {f.request_id: f.verdict for f in result.findings}
+    assert verdicts == {"no-end": Verdict.FAIL, "gave-up": Verdict.INCONCLUSIVE, None: Verdict.INCONCLUSIVE}
+    assert any("no probe/loads snapshot with phase after_drain" in n for n in result.notes)
+
+    rank = {"num_running_reqs": 0, "num_waiting_reqs": 0, "num_used_tokens": 0, "disaggregation": {"decode_transfer_queue_reqs": 0}}
+    for phase, ranks in (("idle_before", [rank, rank]), ("after_drain", [rank, {**rank, "num_used_tokens": 64}])):
+        journal.append_event(JournalEvent(kind=EventKind.PROBE, name="loads", data={"role": "decode", "phase": phase, "data": ranks}))
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
+    assert any("decode rank 1: num_used_tokens is 64" in s for s in fails(result))
+
+
+# ===================================================================================== registry ====
+
+
+def test_registry_lists_every_oracle_by_its_name_and_each_runs_on_an_empty_journal(journal: Journal) -> None:
+    assert list(ALL_ORACLES) == ["canary", "reference", "status", "usage", "timing", "integrity", "liveness"]
+    assert ALL_ORACLES["canary"] is CanaryLeakOracle
+    oracles = default_oracles()
+    assert [o.name for o in oracles] == list(ALL_ORACLES)
+    for oracle in oracles:
+        result = oracle.evaluate(context(journal))
+        assert result.name == oracle.name
+        assert result.verdict is not Verdict.PASS  # nothing checked proves nothing
+    assert [o.name for o in oracles_named(["timing", "status"])] == ["timing", "status"]
+    with pytest.raises(ValueError, match="unknown oracle"):
+        oracles_named(["nope"])
+
+
+# ====================================== engine integrity on real embedded-engine transfer failures ====
+# Last in the file: it restarts the shared stack's decode worker with failures injected.
+
+
+@integration
+def test_integrity_on_the_embedded_engine_transfer_failures_and_corruption(journal: Journal, sim_stack: SimStack,
+                                                                            tmp_path: Path) -> None:
+    decode_url = sim_stack.worker_url("decode")
+    snapshot_metrics(journal, "decode", "before", decode_url)
+    fault_event(journal, "disagg_failure_prob", "w1", "inject", params={"prob": 0.5})
+    original = sim_stack.settings["decode"]
+    sim_stack.restart("decode", timeouts=replace(original.timeouts, failure_prob=0.5))
+    try:
+        records = drive(journal, sim_stack.router_url, [Shot(index=i, text=words(f"simint{i}", 30), max_tokens=8)
+                                                        for i in range(12)], concurrent=True)
+        fault_event(journal, "disagg_failure_prob", "w1", "confirm", confirmed=True)
+        snapshot_metrics(journal, "decode", "after", decode_url)
+        logs = {"prefill": sim_stack.logs("prefill"), "decode": sim_stack.logs("decode")}
+    finally:
+        sim_stack.restart("decode", timeouts=original.timeouts)
+        fault_event(journal, "disagg_failure_prob", "w1", "heal")
+    assert any(r.status == 500 for r in records) and any(r.status == 200 for r in records)
+    assert "KVTransferError(bootstrap_room=" in logs["decode"]
+
+    # Transfer failures inside the fault window: expected, reported, not a failure.
+    result = EngineIntegrityOracle().evaluate(context(journal, logs))
+    assert result.verdict is Verdict.PASS, result
+    failures = [n for n in result.notes if n.startswith("transfer failures: decode kv_transfer_error")]
+    assert failures, result.notes
+    count = int(failures[0].split(" x")[1].split(",")[0])
+    inside = int(failures[0].split(", ")[1].split(" ")[0])
+    assert count == inside == sum(r.status == 500 for r in records)
+    metrics = next(n for n in result.notes if n.startswith("metrics: decode"))
+    assert f"num_transfer_failed_reqs_total +{count}" in metrics
+
+    # The same failures in a run that opened no fault window: unexplained, still not a FAIL.
+    with Journal.create(tmp_path / "nofault") as bare:
+        bare.append_requests(records)
+        unexplained = EngineIntegrityOracle().evaluate(context(bare, logs))
+    assert unexplained.verdict is Verdict.PASS
+    assert any(n.startswith("unexplained:") and "no fault window" in n for n in unexplained.notes)
+
+    # A corruption line in SGLang's format, and the embedded engine's own checksum line: FAIL.
+    corrupt = dict(logs)
+    corrupt["decode"] += SGLANG_CORRUPTION_LINE.format(ts=_ts()) + "\n"
+    corrupt["decode"] += f"[{_ts()} TP0] KV checksum mismatch for bootstrap_room=99: sent 1, landed 2\n"
+    corrupt["decode"] += (f"[{_ts()} TP0] Decode transfer failed for request rank=0 req.rid=z req.bootstrap_room=99 with "
+                          "exception KVTransferError(bootstrap_room=99): KV checksum mismatch (sent 1, landed 2)\n")
+    result = EngineIntegrityOracle().evaluate(context(journal, corrupt))
+    assert result.verdict is Verdict.FAIL
+    signals = sorted(f.evidence["signal"] for f in result.findings)
+    assert signals == ["context_corruption", "kv_checksum_mismatch"]  # the room-99 lines count once
+    assert all(f.window == "disagg_failure_prob#w1" for f in result.findings)
