@@ -52,6 +52,7 @@ class EventKind(str, enum.Enum):
     AUDIT = "audit"
     PROBE = "probe"
     NOTE = "note"
+    VERDICT = "verdict"
 
 
 @dataclass

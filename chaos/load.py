@@ -39,6 +39,7 @@ class LoadPlan:
     max_tokens: int | None = None
     seed: int = 0
     phase: str = "load"
+    index_base: int = 0  # request indices below it belong to the runner's probes
 
     def configs(self, workdir: Path) -> list[LoadConfig]:
         """One LoadConfig per actor; users are split as evenly as possible."""
@@ -53,6 +54,7 @@ class LoadPlan:
                 actor_index=i, actor_count=self.actors, facts=self.facts, mix=dict(self.profile.mix),
                 shape=ShapeSpec(kind=self.shape, duration_s=self.duration_s, users=users, spawn_rate=max(1.0, users / 2)),
                 max_tokens=self.max_tokens or self.profile.max_tokens, seed=self.seed + i, phase=self.phase,
+                index_base=self.index_base,
             ))
         return out
 

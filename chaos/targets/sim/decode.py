@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from chaos.targets.sim.bootstrap import BootstrapClient
 from chaos.targets.sim.engine import Engine, Phase, Req
 from chaos.targets.sim import model
-from chaos.targets.sim.protocol import kv_transfer_error, abort
+from chaos.targets.sim.protocol import Finish, abort, kv_transfer_error
 from chaos.targets.sim.transfer import Destination, Done, KVReceiver, kv_checksum
 
 log = logging.getLogger("sglang.disaggregation.decode")
 
 NOTIFY_RETRY_S = 1.0
+METADATA_SLOTS = 8  # defect "metadata_slot_collision": completions are matched by room % this
 
 
 @dataclass
@@ -57,6 +58,7 @@ class DecodeEngine(Engine):
         self.quarantine: dict[int, Quarantined] = {}
         self.prealloc_queue: list[Req] = []
         self._heartbeat_failures: dict[str, int] = {}
+        self._slot_owner: dict[int, int] = {}  # metadata slot -> room that registered it last
 
     async def start(self) -> None:
         self.transfer_port = await self.receiver.start(self.settings.host, self.settings.transfer_port)
@@ -134,6 +136,7 @@ class DecodeEngine(Engine):
         prompt_pages = req.pages[: self.pool.pages_for(req.prompt_len)]
         outcome: asyncio.Future[TransferOutcome] = asyncio.get_running_loop().create_future()
         self.waiting[room] = (req, outcome)
+        self._slot_owner[room % METADATA_SLOTS] = room
         req.phase = Phase.WAITING_KV
         try:
             try:
@@ -154,7 +157,10 @@ class DecodeEngine(Engine):
                 self._fail(req, "transfer", f"Request {room} timed out after {waiting_timeout:.1f}s in KVPoll.WaitingForInput")
                 return None
             if result is None:
-                self.finish(req, req.abort_reason or abort("Aborted"))
+                if "abort_reported_as_length" in self.defects:  # SGLang #33507
+                    self.finish(req, Finish(type="length", length=0))
+                else:
+                    self.finish(req, req.abort_reason or abort("Aborted"))
                 return None
             if result.failure is not None:
                 if result.stream_closed:
@@ -169,7 +175,8 @@ class DecodeEngine(Engine):
 
     def _commit(self, req: Req, done: Done) -> None:
         """Check the handoff before decoding over it: full coverage, then the checksum."""
-        if done.num_tokens != req.prompt_len:
+        # SGLang before #38704 had no such check; the incident's defect models that engine.
+        if done.num_tokens != req.prompt_len and "rejected_prefill_handoff" not in self.defects:
             self._fail(req, "transfer", f"KV transfer incomplete: received {done.num_tokens} of {req.prompt_len} tokens")
             return
         slots = self.pool.slots(req.pages, req.prompt_len)
@@ -187,6 +194,8 @@ class DecodeEngine(Engine):
     # ---------------------------------------------------------- transfer stream callbacks ----
 
     def on_done(self, room: int, done: Done) -> None:
+        if "metadata_slot_collision" in self.defects:  # SGLang #22716: no identity check on the slot
+            room = self._slot_owner.get(room % METADATA_SLOTS, room)
         if room in self.waiting:
             _, outcome = self.waiting[room]
             if not outcome.done():
@@ -214,7 +223,11 @@ class DecodeEngine(Engine):
 
     def release(self, req: Req) -> None:
         """Committed pages go back at once; uncommitted ones wait until no write can land."""
-        if req.pages and not req.kv_computed and req.room is not None and req.phase is not Phase.PREALLOC:
+        uncommitted = req.pages and not req.kv_computed and req.room is not None and req.phase is not Phase.PREALLOC
+        if uncommitted and "pages_leak_on_abort" in self.defects:
+            req.pages = []  # nobody will ever give them back
+            return
+        if uncommitted and "free_before_transfer_done" not in self.defects:
             self.quarantine[req.room] = Quarantined(req.room, req.pages, self.prefill_addr(req), time.monotonic())
             req.pages = []
             return

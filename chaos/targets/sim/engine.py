@@ -98,8 +98,9 @@ class Engine:
 
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
+        self.defects = settings.defect_set
         self.pool = KVPool(settings.num_pages, settings.page_size)
-        self.cache = PrefixCache(self.pool)
+        self.cache = PrefixCache(self.pool, keep_evicted_keys="prefix_cache_keeps_evicted_pages" in self.defects)
         self.metrics = Metrics()
         self.reqs: dict[str, Req] = {}
         self.prefill_queue: list[Req] = []
@@ -180,11 +181,15 @@ class Engine:
         self.metrics.inc("num_requests_total")
         self.metrics.inc("prompt_tokens_total", req.prompt_len)
         rejection = self.scheduler_rejection(req)
-        if rejection is not None:
+        if rejection is not None and not self.admit_rejected(req):
             self.finish(req, rejection)
         else:
             self._spawn(self._run_guarded(req))
         return req
+
+    def admit_rejected(self, req: Req) -> bool:
+        """Whether a request the scheduler check rejected goes on anyway (only a defect says yes)."""
+        return False
 
     async def _run_guarded(self, req: Req) -> None:
         try:
@@ -255,10 +260,17 @@ class Engine:
             self.finish(req, req.abort_reason or abort("Aborted"))
         return first
 
+    def cache_salt(self, req: Req) -> bytes:
+        """What besides the tokens decides whether cached KV may be reused: the adapter (it
+        changes the KV) and the tenant's salt (isolation). Two defects each drop one."""
+        adapter = "" if "cache_key_ignores_adapter" in self.defects else (req.inp.lora_path or "")
+        tenant = "" if "prefix_cache_shared_across_tenants" in self.defects else (req.inp.cache_salt or "")
+        return f"{adapter}\x00{tenant}".encode()
+
     def _reserve(self, req: Req) -> bool:
         """Pages for the prompt (+ room to decode in place): prefix-cache hits first."""
         n = req.prompt_len
-        keys = chain_keys(req.inp.input_ids[: n - 1], self.pool.page_size)
+        keys = chain_keys(req.inp.input_ids[: n - 1], self.pool.page_size, self.cache_salt(req))
         cached = self.cache.match(keys)
         needed = self.pool.pages_for(n + req.extra_tokens) - len(cached)
         if not self.cache.can_alloc(needed):
@@ -309,7 +321,7 @@ class Engine:
         """Write the uncached part of the prompt's KV, then predict the first token."""
         n, start = req.prompt_len, req.cached_tokens
         slots = self.pool.slots(req.pages, n)
-        previous = int(self.pool.ctx[slots[start - 1]]) if start else 0
+        previous = int(self.pool.ctx[slots[start - 1]]) if start else model.adapter_seed(req.inp.lora_path)
         self.pool.write(slots[start:], model.kv_for(req.inp.input_ids[start:], start, previous))
         req.kv_computed = True
         attended = self.pool.read(slots)
@@ -422,7 +434,7 @@ class Engine:
         if not req.pages:
             return
         if req.kv_computed:
-            keys = chain_keys(req.inp.input_ids, self.pool.page_size)
+            keys = chain_keys(req.inp.input_ids, self.pool.page_size, self.cache_salt(req))
             self.cache.insert(keys, req.pages[: len(keys)])
         self.pool.release(req.pages)
         req.pages = []

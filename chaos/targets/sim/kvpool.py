@@ -68,6 +68,11 @@ class KVPool:
         self._refs[pages] = 1
         return pages
 
+    def take(self, page: int) -> None:
+        """Claim one specific page off the free list (only a defective index asks for that)."""
+        self._free.remove(page)
+        self._refs[page] = 1
+
     def incref(self, pages: Sequence[int]) -> None:
         for page in pages:
             if self._refs[page] <= 0:

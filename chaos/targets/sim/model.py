@@ -68,6 +68,16 @@ def context_hashes(tokens: list[int], start_position: int, previous_ctx: int) ->
     return out
 
 
+def adapter_seed(lora_path: str | None) -> int:
+    """The context hash before position 0: an adapter changes every position's KV."""
+    if not lora_path:
+        return 0
+    value = 0
+    for byte in lora_path.encode():
+        value = _mix64(value ^ byte)
+    return value
+
+
 def kv_for(tokens: list[int], start_position: int, previous_ctx: int) -> KVSlots:
     return KVSlots(
         tokens=np.asarray(tokens, dtype=np.int64),

@@ -9,6 +9,7 @@ the KV chunk by chunk and finish with the first token. On success the response's
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 
@@ -29,6 +30,14 @@ class PrefillEngine(Engine):
         self._transfer_seconds = 0.0
         self._transfer_bytes = 0
         self._transfer_count = 0
+
+    def admit_rejected(self, req: Req) -> bool:
+        """Defect "rejected_prefill_handoff" (SGLang #30233): the rejected prompt is swapped for
+        the one-token stub [0], which still bootstraps, sends one token of KV and succeeds."""
+        if "rejected_prefill_handoff" not in self.defects:
+            return False
+        req.inp = dataclasses.replace(req.inp, input_ids=[0], max_new_tokens=1)
+        return True
 
     def _fail(self, req: Req, stage: str, reason: str) -> None:
         message = kv_transfer_error(req.room or 0, reason)
@@ -89,6 +98,8 @@ class PrefillEngine(Engine):
                 chunk_tokens=self.settings.transfer_chunk_pages * self.pool.page_size,
                 tokens_per_s=self.settings.transfer_tokens_per_s,
                 should_stop=lambda: req.abort_reason is not None or sender.abort_requested,
+                fence_done="commit_before_kv_lands" not in self.defects,
+                drop_last_chunk="partial_transfer_reported_complete" in self.defects,
             )
         except TransferFailed as exc:
             log.error("Failed to send kv chunk of %s to %s:%s (%s)", req.room, dest.host, dest.port, exc)

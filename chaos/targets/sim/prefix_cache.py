@@ -31,9 +31,14 @@ def chain_keys(tokens: Sequence[int], page_size: int, salt: bytes = b"") -> list
 
 
 class PrefixCache:
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, keep_evicted_keys: bool = False) -> None:
         self.pool = pool
         self._pages: OrderedDict[PageKey, int] = OrderedDict()
+        # Defect "prefix_cache_keeps_evicted_pages": eviction frees the page but the key stays
+        # here, pointing at whatever the page holds after it is reused. The cache holds no
+        # reference on these pages.
+        self.keep_evicted_keys = keep_evicted_keys
+        self._stale: dict[PageKey, int] = {}
         self.hits_tokens = 0
         self.lookups_tokens = 0
 
@@ -53,11 +58,18 @@ class PrefixCache:
         pages: list[int] = []
         for key in keys:
             page = self._pages.get(key)
-            if page is None:
+            if page is not None:
+                self._pages.move_to_end(key)
+                self.pool.incref([page])
+            elif key in self._stale:
+                page = self._stale[key]
+                if self.pool.refcount(page) == 0:
+                    self.pool.take(page)
+                else:
+                    self.pool.incref([page])  # shared with whoever owns it now
+            else:
                 break
-            self._pages.move_to_end(key)
             pages.append(page)
-        self.pool.incref(pages)
         self.hits_tokens += len(pages) * self.pool.page_size
         self.lookups_tokens += len(keys) * self.pool.page_size
         return pages
@@ -65,6 +77,7 @@ class PrefixCache:
     def insert(self, keys: Sequence[PageKey], pages: Sequence[int]) -> None:
         """Cache full prompt pages a request has just computed (takes its own reference)."""
         for key, page in zip(keys, pages):
+            self._stale.pop(key, None)
             if key in self._pages:
                 self._pages.move_to_end(key)
                 continue
@@ -80,6 +93,8 @@ class PrefixCache:
             page = self._pages[key]
             if self.pool.refcount(page) == 1:
                 del self._pages[key]
+                if self.keep_evicted_keys:
+                    self._stale[key] = page
                 self.pool.release([page])
                 freed += 1
         return freed
@@ -88,6 +103,7 @@ class PrefixCache:
         """Drop every cached page (`/flush_cache`); pages still in use keep their other owners."""
         pages = list(self._pages.values())
         self._pages.clear()
+        self._stale.clear()
         self.pool.release(pages)
         return len(pages)
 

@@ -74,6 +74,8 @@ class GenerateInput:
     bootstrap_room: int | None = None
     model: str | None = None
     include_usage: bool = False
+    lora_path: str | None = None  # an adapter changes the KV, so it is part of the cache key
+    cache_salt: str | None = None  # a tenant's salt: prefixes are shared only within one salt
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -143,6 +145,10 @@ def _stop(value: Any) -> tuple[str, ...]:
 ROOM_LIMIT = 2**64  # the transfer frame carries the room as an unsigned 64-bit number
 
 
+def _isolation(body: dict[str, Any]) -> dict[str, Any]:
+    return {"lora_path": _get(body, "lora_path", (str,)), "cache_salt": _get(body, "cache_salt", (str,))}
+
+
 def _bootstrap(body: dict[str, Any]) -> dict[str, Any]:
     room = _get(body, "bootstrap_room", (int,))
     if room is not None and not 0 <= room < ROOM_LIMIT:
@@ -183,6 +189,7 @@ def parse_generate(body: dict[str, Any], default_max_new_tokens: int) -> Generat
         rid=rid,
         stop=_stop(params.get("stop")),
         **_bootstrap(body),
+        **_isolation(body),
     )
 
 
@@ -237,6 +244,7 @@ def parse_openai(api: Api, body: dict[str, Any], default_max_new_tokens: int) ->
         model=_get(body, "model", (str,)),
         include_usage=bool(stream_options.get("include_usage", False)),
         **_bootstrap(body),
+        **_isolation(body),
     )
 
 

@@ -12,6 +12,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from chaos.targets.sim.defects import DefectSet
+
 Role = Literal["prefill", "decode", "null"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "null")
 
@@ -90,6 +92,7 @@ class WorkerSettings:
     transfer_chunk_pages: int = 8
 
     kv_checksum: bool = False  # like --disaggregation-enable-kv-checksum
+    defects: tuple[str, ...] = ()  # defect switches (defects.py); none in a clean engine
     timeouts: TransferTimeouts = field(default_factory=TransferTimeouts)
     log_level: str = "info"
 
@@ -100,11 +103,16 @@ class WorkerSettings:
             raise ValueError("page_size must be >= 1")
         if self.context_length < 2:
             raise ValueError("context_length must be >= 2")
+        DefectSet.of(self.defects)  # unknown names fail here, before any process starts
         if self.pool_tokens < self.page_size:
             raise ValueError(
                 f"the KV pool holds {self.pool_tokens} tokens, less than one page: raise "
                 "mem_fraction_static or gpu_memory_gb, lower weights_gb, or set max_total_tokens"
             )
+
+    @property
+    def defect_set(self) -> DefectSet:
+        return DefectSet.of(self.defects)
 
     @property
     def model_name(self) -> str:
@@ -143,6 +151,8 @@ class WorkerSettings:
     def from_json(cls, data: dict[str, Any]) -> WorkerSettings:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
+        if "defects" in values:
+            values["defects"] = tuple(values["defects"])
         if isinstance(values.get("timeouts"), dict):
             values["timeouts"] = TransferTimeouts(**values["timeouts"])
         return cls(**values)

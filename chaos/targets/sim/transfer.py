@@ -229,11 +229,15 @@ class KVSender:
         chunk_tokens: int,
         tokens_per_s: float,
         should_stop: Callable[[], bool],
+        fence_done: bool = True,
+        drop_last_chunk: bool = False,
     ) -> bool:
         """Write every chunk, then DONE. Returns False when stopped early (ABORTED sent).
 
         Source KV is read from the pool chunk by chunk at send time, as an RDMA engine reads
-        registered memory, not from a snapshot.
+        registered memory, not from a snapshot. Two defects bend this: `fence_done=False` sends
+        DONE before the chunks (read before ready), `drop_last_chunk` loses the tail but still
+        reports the full length (partial handoff reported complete).
         """
         self.state = SendState.CONNECTING
         try:
@@ -243,8 +247,13 @@ class KVSender:
             raise TransferFailed(f"connect to {dest.host}:{dest.port} failed: {exc!r}") from None
         self.state = SendState.SENDING
         stopped = False
+        starts = list(range(0, len(src_slots), chunk_tokens))
+        if drop_last_chunk and len(starts) > 1:
+            starts.pop()
         try:
-            for start in range(0, len(src_slots), chunk_tokens):
+            if not fence_done:
+                writer.write(_frame(Kind.DONE, self.room, json.dumps(done.__dict__).encode()))
+            for start in starts:
                 if should_stop():
                     stopped = True
                     break
@@ -254,7 +263,7 @@ class KVSender:
                 await asyncio.sleep(len(src_slots[start:stop]) / tokens_per_s)
             if stopped:
                 writer.write(_frame(Kind.ABORTED, self.room))
-            else:
+            elif fence_done:
                 writer.write(_frame(Kind.DONE, self.room, json.dumps(done.__dict__).encode()))
             await writer.drain()
             kind, room, _ = await asyncio.wait_for(_read_frame(reader), ACK_TIMEOUT_S)

@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-step-ms", type=float, default=d.decode_step_s * 1000)
     p.add_argument("--transfer-tokens-per-s", type=float, default=d.transfer_tokens_per_s)
     p.add_argument("--disaggregation-enable-kv-checksum", action="store_true")
+    p.add_argument("--defect", action="append", default=[], metavar="NAME", help="turn on a defect switch (repeat)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -78,6 +79,7 @@ def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
         decode_step_s=args.decode_step_ms / 1000.0,
         transfer_tokens_per_s=args.transfer_tokens_per_s,
         kv_checksum=args.disaggregation_enable_kv_checksum,
+        defects=tuple(args.defect),
         timeouts=TransferTimeouts.from_env(),
         log_level=args.log_level,
     )
@@ -105,6 +107,8 @@ def command_for(s: WorkerSettings) -> list[str]:
         argv += ["--transfer-advertise", s.transfer_advertise]
     if s.kv_checksum:
         argv.append("--disaggregation-enable-kv-checksum")
+    for defect in s.defects:
+        argv += ["--defect", defect]
     return argv
 
 
@@ -142,6 +146,8 @@ def log_startup(s: WorkerSettings) -> None:
         "disaggregation_mode": s.role, "disaggregation_bootstrap_port": s.bootstrap_port,
         "disaggregation_enable_kv_checksum": s.kv_checksum,
     }
+    if s.defects:
+        log.warning("DEFECTS ON: %s (this engine is broken on purpose)", ", ".join(s.defects))
     log.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in args.items()))
     log.info("KV Cache is allocated. dtype: torch.bfloat16, #tokens: %d, K size: %.2f GB, V size: %.2f GB", s.pool_tokens, kv_gb / 2, kv_gb / 2)
     log.info("Memory pool end. avail mem=%.2f GB", s.available_gpu_mem_gb)
