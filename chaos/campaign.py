@@ -45,7 +45,7 @@ class SimSpec(Strict):
     context_length: int = Field(4096, ge=64)
     max_total_tokens: int | None = Field(None, ge=64, description="pool size in tokens (default: from the memory fraction)")
     mem_fraction_static: float = Field(0.88, gt=0, lt=1)
-    prefill_tokens_per_s: float = Field(40000.0, gt=0)
+    prefill_tokens_per_s: float = Field(10000.0, gt=0, description="prefill speed; TTFT grows with prompt length")
     decode_step_ms: float = Field(4.0, gt=0)
     transfer_tokens_per_s: float = Field(100000.0, gt=0)
     waiting_timeout_s: float = Field(4.0, gt=0, description="SGLANG_DISAGGREGATION_WAITING_TIMEOUT")
@@ -243,6 +243,16 @@ def validate_semantics(campaign: Campaign) -> None:
         for name in campaign.faults.random.faults:
             if name not in FAULTS:
                 problems.append(f"faults.random.faults: unknown fault {name!r}; known: {', '.join(sorted(FAULTS))}")
+    from chaos.targets.sim.defects import DEFECTS
+
+    for name in campaign.target.sim.defects:
+        if name not in DEFECTS:
+            problems.append(f"target.sim.defects: unknown defect {name!r}; known: {', '.join(DEFECTS)} (pdchaos sim defects)")
+    if campaign.target.kind == "attach":
+        for i, window in enumerate(campaign.windows()):
+            if window.fault in FAULTS and "attach" not in FAULTS[window.fault].targets:
+                problems.append(f"faults: {window.fault!r} needs process access, which an attached target does not give "
+                                f"(window {i}); launch the target with pdchaos or drop the fault")
     for name in campaign.oracles.enabled:
         if name not in ALL_ORACLES:
             problems.append(f"oracles.enabled: unknown oracle {name!r}; known: {', '.join(sorted(ALL_ORACLES))}")

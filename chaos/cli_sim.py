@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import UsageError
+from chaos.targets.sim.defects import DEFECTS
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.sim.stack import RouterOptions, SimStack, SimStackConfig, stop_from_state
 
@@ -38,8 +39,13 @@ def register(commands: Any) -> None:
     up.add_argument("--waiting-timeout", type=float, default=TransferTimeouts.waiting_timeout_s, help="SGLANG_DISAGGREGATION_WAITING_TIMEOUT")
     up.add_argument("--bootstrap-timeout", type=float, default=TransferTimeouts.bootstrap_timeout_s, help="SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT")
     up.add_argument("--router-retries", action="store_true", help="keep the router's retries (they hide faults)")
+    up.add_argument("--defect", action="append", default=[], metavar="NAME",
+                    help="turn on a defect switch (repeat; see `pdchaos sim defects`)")
     up.add_argument("--json", action="store_true", help="print the endpoints as one JSON line")
     up.set_defaults(handler=run_up)
+
+    defects = sim_commands.add_parser("defects", help="list the defect switches (each reproduces a real KV bug)")
+    defects.set_defaults(handler=run_defects)
 
     down = sim_commands.add_parser("down", help="stop a stack started with --detach")
     down.add_argument("--dir", type=Path, default=DEFAULT_STATE_DIR)
@@ -56,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> SimStackConfig:
             prefill_tokens_per_s=args.prefill_tokens_per_s,
             decode_step_s=args.decode_step_ms / 1000.0,
             kv_checksum=args.kv_checksum,
+            defects=tuple(args.defect),
             timeouts=replace(TransferTimeouts(), waiting_timeout_s=args.waiting_timeout, bootstrap_timeout_s=args.bootstrap_timeout),
         )
     except ValueError as exc:
@@ -103,6 +110,15 @@ def run_up(args: argparse.Namespace) -> int:
         return 0
     finally:
         stack.down()
+
+
+def run_defects(_: argparse.Namespace) -> int:
+    for d in DEFECTS.values():
+        print(f"{d.name}  [{d.bug_class}]  {d.summary}")
+        print(f"    mechanism: {d.mechanism}")
+        print(f"    real bugs: {d.references}")
+        print(f"    trigger:   {d.trigger}; caught by: {d.caught_by}")
+    return 0
 
 
 def run_down(args: argparse.Namespace) -> int:

@@ -98,18 +98,24 @@ def _absorb(journal: Journal, results: list[PollResult], outcome: LoadOutcome) -
 
 
 def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str | None = None,
-             progress: Progress | None = None) -> LoadOutcome:
+             progress: Progress | None = None, on_started: Callable[[float], None] | None = None) -> LoadOutcome:
+    """Run the plan to its end (or Ctrl-C). `on_started(t)` fires once Locust is running: fault
+    schedules count from then, not from Ray's start-up."""
     outcome = LoadOutcome()
     workdir = run_dir / "load"
     configs = plan.configs(workdir)
     journal.append_event(JournalEvent(EventKind.PHASE, f"{plan.phase}:start", {
         "profile": plan.profile.name, "users": plan.users, "actors": len(configs), "shape": plan.shape,
         "duration_s": plan.duration_s, "target": plan.target_url}))
-    started = time.monotonic()
     errors = 0
     with LoadCluster(ray_address) as cluster:
+        started = time.monotonic()
         try:
             cluster.start(configs, str(workdir))
+            started = time.monotonic()
+            journal.set_meta("load_started_at", time.time())
+            if on_started is not None:
+                on_started(time.time())
             deadline = started + plan.duration_s + 30.0  # the shape ends Locust; this bounds a stuck one
             while time.monotonic() < deadline:
                 results = cluster.poll()

@@ -47,8 +47,9 @@ def run_window(fault: Fault, ctx: FaultContext, duration_s: float, params: dict 
     _journal(journal, fault, ctx.window_id, "plan", params=params or {}, undo=[a.to_json() for a in plan])
     try:
         result.started = time.time()
-        fault.inject(ctx)
+        # The window opens when injection starts: a kill takes effect during inject().
         _journal(journal, fault, ctx.window_id, "inject", params=params or {})
+        fault.inject(ctx)
         deadline = time.monotonic() + duration_s
         early: Confirmation | None = None
         while time.monotonic() < deadline and keep_going():

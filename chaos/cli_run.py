@@ -1,0 +1,44 @@
+"""`pdchaos run CAMPAIGN` and `pdchaos schema`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos.campaign import json_schema, load_campaign, parse_campaign
+
+
+def register(commands: Any) -> None:
+    run = commands.add_parser("run", help="qualify a deployment with a campaign; exit 0 PASS, 1 FAIL, 2 usage, 3 INCONCLUSIVE")
+    run.add_argument("campaign", type=Path, help="campaign YAML (see campaigns/ and `pdchaos schema`)")
+    run.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<campaign>-<time>)")
+    run.add_argument("--seed", type=int, default=None, help="override the campaign's seed")
+    run.add_argument("--ray-address", default=None, help="join this Ray cluster for the load actors")
+    run.add_argument("--defect", action="append", default=None, metavar="NAME",
+                     help="embedded engine only: turn on this defect (repeat; replaces the campaign's list)")
+    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.set_defaults(handler=run_campaign)
+    schema = commands.add_parser("schema", help="print the campaign JSON Schema")
+    schema.set_defaults(handler=lambda _: print(json.dumps(json_schema(), indent=2)) or 0)
+
+
+def run_campaign(args: argparse.Namespace) -> int:
+    campaign = load_campaign(args.campaign)
+    overrides: dict[str, Any] = campaign.model_dump(mode="json")
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    if args.defect is not None:
+        overrides["target"]["sim"]["defects"] = list(args.defect)
+    campaign = parse_campaign(overrides, str(args.campaign))
+    out = args.out or Path("runs") / f"{campaign.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from chaos.runner import Runner
+
+    outcome = Runner(campaign, out, ray_address=args.ray_address, progress=not args.quiet).run()
+    print(f"verdict: {outcome.verdict.value} (exit {outcome.exit_code})")
+    for reason in outcome.reasons[:15]:
+        print(f"  - {reason}")
+    print(f"report: {out / 'report.html'}")
+    return outcome.exit_code
