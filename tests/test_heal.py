@@ -13,7 +13,7 @@ import pytest
 
 from chaos.journal import Journal, JournalError
 from chaos.process import pid_alive
-from chaos.targets.sim.stack import SimStack
+from chaos.targets.sim.stack import SimStack, stop_from_state
 from faults.undo import group_members, process_state
 from tests.conftest import wait_until
 
@@ -35,8 +35,9 @@ def _injected(run_dir: Path) -> bool:
     ("memory_fraction", {"role": "prefill", "max_total_tokens": 4096}),
     ("engine_failure", {"role": "decode", "probability": 0.2}),
 ])
-def test_heal_after_the_driver_was_killed_mid_fault(tmp_path: Path, fault: str, params: dict) -> None:
+def test_heal_after_the_driver_was_killed_mid_fault(tmp_path: Path, fault: str, params: dict, request: pytest.FixtureRequest) -> None:
     run_dir = tmp_path / "run"
+    request.addfinalizer(lambda: stop_from_state(run_dir))  # a failing test must not leave a stack behind
     driver = subprocess.Popen([sys.executable, "-m", "tests.fault_driver", str(run_dir), fault, json.dumps(params)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
