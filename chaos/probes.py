@@ -8,7 +8,6 @@ time to first token is measured), else through `/v1/completions`.
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -16,8 +15,10 @@ import httpx
 
 from chaos.journal import RequestRecord
 from chaos.oracles.canary import MarkerCodec
+from loadprofiles.exchange import ROUTES, perform, request_body
+from loadprofiles.prompts import Message, Prompt
 from loadprofiles.recorder import Observed, Sent, build_record, judge
-from loadprofiles.sse import ResponseReader
+from loadprofiles.sse import DEFAULT_BODY_CAP, Api
 
 FILLER = ("The quarterly ledger lists revenue churn and the support backlog for each region with notes "
           "from the engineers on call about incidents and their follow ups ")
@@ -46,37 +47,14 @@ def build_probes(codec: MarkerCodec, count: int, context_tokens: int | None, max
 
 
 def send_probe(client: httpx.Client, base_url: str, probe: Probe, phase: str, api: str, timeout_s: float = 60.0) -> RequestRecord:
-    route = "generate" if api == "sglang" else "completions"
-    if route == "generate":
-        url = f"{base_url}/generate"
-        body = {"text": probe.prompt, "stream": True, "sampling_params": {"max_new_tokens": probe.max_tokens, "temperature": 0}}
-    else:
-        url = f"{base_url}/v1/completions"
-        body = {"prompt": probe.prompt, "max_tokens": probe.max_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+    """Send one probe, streamed, and return its record (never raises on HTTP trouble)."""
+    route: Api = "generate" if api == "sglang" else "completions"
+    prompt = Prompt(kind="probe", messages=(Message("user", probe.prompt),), markers=probe.markers,
+                    repeat="repeat" in probe.prompt, est_tokens=len(probe.prompt) // 4)
+    body = request_body(route, prompt, stream=True, max_tokens=probe.max_tokens, model="default", rid=None)
     sent = Sent(id=f"probe-{probe.index}-{phase}-{uuid.uuid4().hex[:8]}", request_index=probe.index, phase=phase,
-                user_kind="probe", actor="runner", endpoint=route, stream=True, markers=probe.markers,
+                user_kind="probe", actor="runner", endpoint=ROUTES[route], stream=True, markers=probe.markers,
                 prompt=probe.prompt, max_tokens=probe.max_tokens, planned_send=None)
     obs = Observed()
-    obs.t_send = time.time()
-    reader: ResponseReader | None = None
-    ended = False
-    try:
-        with client.stream("POST", url, json=body, timeout=timeout_s) as response:
-            obs.t_first_byte = time.time()
-            obs.status = response.status_code
-            obs.sse = "text/event-stream" in response.headers.get("content-type", "")
-            reader = ResponseReader(route, sse=obs.sse)  # type: ignore[arg-type]
-            for chunk in response.iter_bytes():
-                if not reader.feed(chunk, time.time()):
-                    break
-            else:
-                ended = True
-    except httpx.HTTPError as exc:
-        obs.transport = ("disconnect" if isinstance(exc, httpx.NetworkError) else "timeout" if isinstance(exc, httpx.TimeoutException)
-                         else "client_error", f"{type(exc).__name__}: {exc}"[:500])
-    finally:
-        obs.t_end = time.time()
-        if reader is not None:
-            obs.parsed = reader.close(obs.t_end, ended_by_server=ended)
+    perform(client, base_url + ROUTES[route], body, api=route, timeout_s=timeout_s, obs=obs, cap=DEFAULT_BODY_CAP)
     return build_record(sent, obs, judge(obs))

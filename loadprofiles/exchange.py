@@ -1,0 +1,138 @@
+"""One HTTP exchange with a target, read as it arrives: no Locust here.
+
+The load users (inside Locust) and the runner's reference probes (in the driver process, where
+Locust must never be imported) send requests the same way, through `perform`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from loadprofiles.prompts import Prompt
+from loadprofiles.recorder import Observed
+from loadprofiles.sse import Api, ResponseReader
+
+ROUTES: dict[Api, str] = {"generate": "/generate", "chat": "/v1/chat/completions", "completions": "/v1/completions"}
+CONNECT_TIMEOUT_S = 10.0
+
+AbortPhase = Literal["before_first_byte", "after_first_token", "mid_stream", "abort_request"]
+
+
+def request_body(route: Api, prompt: Prompt, *, stream: bool, max_tokens: int, model: str, rid: str | None) -> dict[str, Any]:
+    if route == "generate":
+        body: dict[str, Any] = {
+            "text": prompt.as_text(),
+            "stream": stream,
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0},
+        }
+        if rid is not None:
+            body["rid"] = rid
+        return body
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    if route == "chat":
+        body["messages"] = [{"role": m.role, "content": m.content} for m in prompt.messages]
+    else:
+        body["prompt"] = prompt.as_text()
+    if stream:
+        body["stream_options"] = {"include_usage": True}  # usage (cached tokens) in the last chunk
+    return body
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Close the connection on purpose: before the headers, or after `after_chunks` content chunks."""
+
+    phase: AbortPhase
+    read_timeout_s: float | None = None  # before_first_byte
+    after_chunks: int | None = None  # after_first_token (1), mid_stream (more)
+
+
+_TRANSPORT_CLASSES: tuple[tuple[type[Exception], str], ...] = (
+    (httpx.ConnectError, "connect_error"),
+    (httpx.ConnectTimeout, "connect_error"),
+    (httpx.PoolTimeout, "connect_error"),
+    (httpx.TimeoutException, "timeout"),
+    (httpx.RemoteProtocolError, "disconnect"),
+    (httpx.NetworkError, "disconnect"),
+)
+
+
+def transport_class(exc: Exception) -> str:
+    for kind, name in _TRANSPORT_CLASSES:
+        if isinstance(exc, kind):
+            return name
+    return "client_error"
+
+
+def perform(
+    client: httpx.Client,
+    url: str,
+    body: dict[str, Any],
+    *,
+    api: Api,
+    timeout_s: float,
+    obs: Observed,
+    cap: int,
+    headers: dict[str, str] | None = None,
+    interrupt: Interrupt | None = None,
+) -> None:
+    """Send one request and read its reply into `obs`, as it arrives. Never raises on HTTP
+    trouble; a GreenletExit (Locust stopping the user) passes through with `obs` filled so far."""
+    read_timeout = interrupt.read_timeout_s if interrupt and interrupt.read_timeout_s else timeout_s
+    timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s), read=read_timeout)
+    reader: ResponseReader | None = None
+    server_ended = False  # the body ended because the server ended it (not us, not an error)
+    obs.t_send = time.time()
+    try:
+        with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
+            obs.t_first_byte = time.time()
+            obs.status = response.status_code
+            obs.sse = "text/event-stream" in response.headers.get("content-type", "")
+            reader = ResponseReader(api, sse=obs.sse, cap=cap)
+            obs.parsed = reader.result
+            for chunk in response.iter_bytes():
+                now = time.time()
+                if not reader.feed(chunk, now):
+                    break  # over the cap: closing the response drops the connection
+                chunks = len(reader.result.token_times)
+                if interrupt and interrupt.after_chunks and chunks >= interrupt.after_chunks and reader.result.finish is None:
+                    obs.client_closed = f"at {interrupt.phase} (after {chunks} content chunks)"
+                    break
+                if now - obs.t_send > timeout_s:
+                    obs.transport = ("timeout", f"no end after {timeout_s:.1f}s")
+                    break
+            else:
+                server_ended = True
+    except Exception as exc:
+        error_class = transport_class(exc)
+        if interrupt and interrupt.read_timeout_s and isinstance(exc, httpx.ReadTimeout):
+            when = "before_first_byte" if obs.status is None else "before_first_byte (the headers had arrived)"
+            obs.client_closed = f"at {when}, {interrupt.read_timeout_s * 1000:.0f} ms after sending"
+        else:
+            obs.transport = (error_class, f"{type(exc).__name__}: {exc}"[:500])
+        if error_class == "client_error":
+            traceback.print_exc(file=sys.stderr)  # our bug or a bad URL: make it visible
+    finally:
+        now = time.time()
+        if reader is not None:
+            obs.parsed = reader.close(now, ended_by_server=server_ended)
+        obs.t_end = now
+
+
+def post_aborts(client: httpx.Client, urls: tuple[str, ...], rid: str, obs: Observed) -> None:
+    """POST /abort_request {"rid"} to every worker (SGLang's router has no such endpoint)."""
+    obs.abort_sent_at = time.time()
+    results = []
+    for url in urls:
+        try:
+            response = client.post(url.rstrip("/") + "/abort_request", json={"rid": rid})
+            results.append(f"{url} {response.status_code}")
+        except httpx.HTTPError as exc:
+            results.append(f"{url} {type(exc).__name__}")
+    obs.abort_detail = f"/abort_request at {obs.abort_sent_at:.6f}: " + ", ".join(results)
