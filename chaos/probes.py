@@ -24,17 +24,26 @@ FILLER = ("The quarterly ledger lists revenue churn and the support backlog for 
           "from the engineers on call about incidents and their follow ups ")
 
 
+# Adapter probes share this opening across adapters: a prefix cache whose key forgets the adapter
+# hands one adapter's KV to the other (bug class K6).
+ADAPTER_PREFIX = ("System: you are the release assistant. Answer in short sentences, cite the ticket "
+                  "numbers you are given and never invent figures that the note does not contain. ")
+ADAPTERS = ("adapter-a", "adapter-b")
+
+
 @dataclass(frozen=True)
 class Probe:
     index: int
     prompt: str
     markers: tuple[str, str]
     max_tokens: int
+    lora_path: str | None = None
 
 
 def build_probes(codec: MarkerCodec, count: int, context_tokens: int | None, max_tokens: int) -> list[Probe]:
     """Lengths spread from short to about half the context (the timing oracle needs the spread);
-    every other probe asks the model to repeat (its markers then come back out)."""
+    every other probe asks the model to repeat (its markers then come back out); every third runs
+    under a LoRA adapter, behind an opening all adapter probes share."""
     longest_chars = max(400, min(16000, (context_tokens or 4096) * 2))
     probes = []
     for i in range(count):
@@ -42,7 +51,11 @@ def build_probes(codec: MarkerCodec, count: int, context_tokens: int | None, max
         chars = 200 + (longest_chars - 200) * (i % 6) // 5
         body = (FILLER * (chars // len(FILLER) + 1))[:chars]
         ask = "Please repeat this note exactly." if i % 2 == 0 else "Summarise this note for the weekly review."
-        probes.append(Probe(i, f"{head} {ask} {body} {tail}", (head, tail), max_tokens))
+        prompt = f"{head} {ask} {body} {tail}"
+        adapter = ADAPTERS[(i // 3) % 2] if i % 3 == 2 else None
+        if adapter is not None:
+            prompt = ADAPTER_PREFIX + prompt
+        probes.append(Probe(i, prompt, (head, tail), max_tokens, adapter))
     return probes
 
 
@@ -52,6 +65,8 @@ def send_probe(client: httpx.Client, base_url: str, probe: Probe, phase: str, ap
     prompt = Prompt(kind="probe", messages=(Message("user", probe.prompt),), markers=probe.markers,
                     repeat="repeat" in probe.prompt, est_tokens=len(probe.prompt) // 4)
     body = request_body(route, prompt, stream=True, max_tokens=probe.max_tokens, model="default", rid=None)
+    if probe.lora_path:
+        body["lora_path"] = probe.lora_path
     sent = Sent(id=f"probe-{probe.index}-{phase}-{uuid.uuid4().hex[:8]}", request_index=probe.index, phase=phase,
                 user_kind="probe", actor="runner", endpoint=ROUTES[route], stream=True, markers=probe.markers,
                 prompt=probe.prompt, max_tokens=probe.max_tokens, planned_send=None)

@@ -214,10 +214,21 @@ class Runner:
                 for probe in self.probes:
                     if self.stop.is_set():
                         raise Interrupted("stop")
+                    self._flush_caches(client)  # a reference must be computed cold, from its own prompt
                     j.append_request(send_probe(client, endpoints.router_url, probe, "baseline", self.api))
         j.flush()
         j.append_event(JournalEvent(EventKind.PHASE, "baseline:end", {"probes": len(self.probes)}))
         self._say(f"baseline: {len(self.probes)} reference probes recorded alone, twice each")
+
+    def _flush_caches(self, client: httpx.Client) -> None:
+        """Empty the prefix caches (SGLang's /flush_cache; refused while requests run, absent on
+        some engines: either way the probe is still sent)."""
+        assert self.target is not None
+        for worker in self.target.endpoints.workers:
+            try:
+                client.post(f"{worker.url}/flush_cache", timeout=5.0)
+            except httpx.HTTPError:
+                pass
 
     def _snapshot(self, loads_phase: str, metrics_phase: str | None) -> None:
         assert self.journal is not None and self.target is not None

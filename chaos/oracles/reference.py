@@ -17,8 +17,10 @@ reference as far as it got: its text must be a prefix of the reference. A replay
 (not 200) is no mismatch (the status, liveness and integrity oracles judge it) and is not counted
 as checked.
 
-What cannot be judged is INCONCLUSIVE, per probe: no baseline, no 200 baseline, or repeated
-baselines of one probe that disagree (the clean baseline did not reproduce, DESIGN.md "Verdict").
+What cannot be judged is INCONCLUSIVE, per probe: no baseline, or no 200 baseline. Repeated
+baselines of one probe that disagree are INCONCLUSIVE (DESIGN.md "Verdict": the clean baseline did
+not reproduce) unless the campaign asserts exact determinism: then they are a FAIL, since an
+isolated greedy request that changes read KV it did not write (bug-zoo K2, B21).
 Baselines sent with a different `max_tokens` than a replay are compared on their common part:
 the shorter output must be a prefix of the longer.
 """
@@ -193,8 +195,12 @@ class ReferenceOracle:
             result = compare(reference.response_text, other.response_text, settings,
                              prefix_ok=other.max_tokens != reference.max_tokens)
             if not result.matches:
+                # Where the campaign asserts determinism (the embedded engine, deterministic mode),
+                # an isolated greedy request that changes between two sends read KV it did not
+                # write: that is a finding. Elsewhere it only means the baseline proves nothing.
+                verdict = Verdict.FAIL if settings.reference_exact else Verdict.INCONCLUSIVE
                 return None, Finding(
-                    self.name, Verdict.INCONCLUSIVE,
+                    self.name, verdict,
                     f"probe {index}: baseline did not reproduce ({reference.id} vs {other.id}, "
                     f"{result.compared}, first difference at {result.divergence})",
                     request_id=other.id,

@@ -26,7 +26,7 @@ from chaos.targets.sim.transfer import Destination, Done, KVReceiver, kv_checksu
 log = logging.getLogger("sglang.disaggregation.decode")
 
 NOTIFY_RETRY_S = 1.0
-METADATA_SLOTS = 8  # defect "metadata_slot_collision": completions are matched by room % this
+METADATA_SLOTS = 4  # defect "metadata_slot_collision": completions are matched by room % this
 
 
 @dataclass
@@ -175,8 +175,9 @@ class DecodeEngine(Engine):
 
     def _commit(self, req: Req, done: Done) -> None:
         """Check the handoff before decoding over it: full coverage, then the checksum."""
-        # SGLang before #38704 had no such check; the incident's defect models that engine.
-        if done.num_tokens != req.prompt_len and "rejected_prefill_handoff" not in self.defects:
+        # SGLang before #38704 had no such check; two defects model engines without it.
+        unchecked = "rejected_prefill_handoff" in self.defects or "metadata_slot_collision" in self.defects
+        if done.num_tokens != req.prompt_len and not unchecked:
             self._fail(req, "transfer", f"KV transfer incomplete: received {done.num_tokens} of {req.prompt_len} tokens")
             return
         slots = self.pool.slots(req.pages, req.prompt_len)
