@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from chaos.journal import EventKind, Journal, RequestRecord
 from chaos.verdict import OracleResult
-from chaos.windows import FaultWindow, active_windows, windows_from_events
+from chaos.windows import AFTERSHOCK_S, FaultWindow, active_windows, windows_from_events
 
 PROBE_KIND = "probe"  # user_kind of the runner's reference probes (baseline and replays)
 
@@ -49,6 +49,14 @@ class OracleContext:
 
     def windows_at(self, t: float | None) -> list[str]:
         return active_windows(self.windows, t)
+
+    def windows_during(self, start: float | None, end: float | None) -> list[str]:
+        """Windows active at any moment of [start, end] (a request in flight when a fault began)."""
+        if start is None:
+            return []
+        stop = end if end is not None else start
+        return [w.label for w in self.windows if w.start is not None and stop >= w.start
+                and (w.end is None or start <= w.end + AFTERSHOCK_S)]
 
     def snapshots(self, name: str) -> Iterator[dict[str, Any]]:
         """Data of the `probe/<name>` events the runner journaled (e.g. pool usage at idle)."""

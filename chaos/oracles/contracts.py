@@ -9,7 +9,7 @@ Status contract (`status`):
   normally is FAIL (the #30233 incident: decode generated from KV it never received), unless the
   load user found our prompt was in fact under the limit (anomaly `over_length_missed`) or the
   target reports no limit (`over_length_unverified`): those are not judged. A 5xx is FAIL: the
-  server failed at what is a client error. Exception: a 502/504 inside a fault window is the
+  server failed at what is a client error. Exception: a 502/503/504 overlapping a fault window is the
   router losing its worker (a kill, a partition), not an answer to the prompt; it is not judged.
 * a 200 whose finish reason is `length` must carry `max_tokens` completion tokens: fewer is a
   failure reported as success (K7, SGLang #33507: an abort mid-transfer came back as 200
@@ -39,7 +39,7 @@ from chaos.verdict import Finding, OracleResult, Verdict
 OVER_LENGTH_KIND = "over_length"
 ABORTING_KIND = "aborting"
 BASELINE_PHASE = "baseline"
-ROUTER_LOST_WORKER = (502, 504)
+ROUTER_LOST_WORKER = (502, 503, 504)  # the router lost, or has no healthy, worker
 MAX_FINDINGS_PER_RULE = 50
 
 
@@ -110,7 +110,7 @@ class StatusContractOracle:
         if 400 <= status < 500:
             return "pass"
         if status >= 500:
-            if status in ROUTER_LOST_WORKER and ctx.windows_at(record.t_send):
+            if status in ROUTER_LOST_WORKER and ctx.windows_during(record.t_send, record.t_end):
                 return f"HTTP {status} while a fault was active"
             out.add("over_length_5xx", Verdict.FAIL, record,
                     f"over-length prompt {record.id} got HTTP {status}; a rejection must be a 4xx",
