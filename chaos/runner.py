@@ -365,9 +365,7 @@ class Runner:
         for finding in gates:
             j.append_event(JournalEvent(EventKind.VERDICT, "gate", _as_json(finding)))
         verdict = combine([r.verdict for r in results] + [g.verdict for g in gates])
-        reasons = [f"{f.oracle}: {f.summary}" for r in results for f in r.findings if f.verdict is not Verdict.PASS][:50]
-        reasons += [f"{r.name}: {note}" for r in results if r.verdict is Verdict.INCONCLUSIVE for note in r.notes][:20]
-        reasons += [g.summary for g in gates]
+        reasons = [_reason(r) for r in results if r.verdict is not Verdict.PASS] + [g.summary for g in gates]
         counts = {"total": 0, "ok": 0, "fail": 0, "info": 0}
         for record in j.iter_requests():
             counts["total"] += 1
@@ -425,6 +423,16 @@ class Runner:
             render_all(self.run_dir, list(self.campaign.report.formats))
         except Exception:
             log.exception("rendering the reports failed; `pdchaos report %s` retries", self.run_dir)
+
+
+def _reason(result: OracleResult) -> str:
+    """One line per oracle that did not pass: how many findings, and the first of them."""
+    bad = [f for f in result.findings if f.verdict is result.verdict] or result.findings
+    if bad:
+        more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+        return f"{result.name} {result.verdict.value}: {bad[0].summary}{more}"
+    note = result.notes[-1] if result.notes else "no evidence"
+    return f"{result.name} {result.verdict.value}: {note}"
 
 
 def _overlaps(record: Any, window: Any) -> bool:
