@@ -12,6 +12,7 @@ from chaos.oracles.integrity import EngineIntegrityOracle
 from chaos.oracles.leaks import CanaryLeakOracle
 from chaos.oracles.liveness import LivenessOracle
 from chaos.oracles.reference import ReferenceOracle
+from chaos.oracles.tenants import TenantIsolationOracle
 from chaos.oracles.timing import TimingTellOracle
 
 ALL_ORACLES: dict[str, type[Oracle]] = {
@@ -24,6 +25,7 @@ ALL_ORACLES: dict[str, type[Oracle]] = {
         TimingTellOracle,
         EngineIntegrityOracle,
         LivenessOracle,
+        TenantIsolationOracle,
     )
 }
 
