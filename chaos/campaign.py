@@ -153,7 +153,8 @@ class GateSpec(Strict):
 
 
 class OracleSpec(Strict):
-    enabled: list[str] = Field(default_factory=lambda: ["canary", "reference", "status", "usage", "timing", "integrity", "liveness"])
+    enabled: list[str] = Field(default_factory=lambda: ["canary", "reference", "status", "usage", "timing", "integrity",
+                                                        "liveness", "tenant_isolation"])
     reference_exact: bool = True
     reference_prefix_tokens: int = Field(8, ge=1)
     reference_max_mismatch_rate: float = Field(0.0, ge=0, le=1)

@@ -35,6 +35,7 @@ from chaos.probes import Probe, build_probes, send_probe
 from chaos.targets.attach import AttachTarget
 from chaos.targets.base import Target
 from chaos.targets.discovery import discover_facts
+from chaos.tenant_probe import run_tenant_probe
 from chaos.verdict import Finding, OracleResult, Verdict, combine
 from chaos.windows import windows_from_events
 from faults.base import FaultContext
@@ -45,6 +46,7 @@ from loadprofiles.profiles import PROFILES
 log = logging.getLogger("pdchaos.runner")
 
 PROBE_INDEX_LIMIT = 10_000  # load traffic numbers its requests from here on
+TENANT_INDEX_BASE = 5_000  # the tenant probe's requests, between the reference probes and the load
 POOL_SAMPLE_S = 1.0
 
 
@@ -216,6 +218,10 @@ class Runner:
                         raise Interrupted("stop")
                     self._flush_caches(client)  # a reference must be computed cold, from its own prompt
                     j.append_request(send_probe(client, endpoints.router_url, probe, "baseline", self.api))
+            if "tenant_isolation" in self.campaign.oracles.enabled:
+                run_tenant_probe(client, endpoints.router_url, j, self.codec, TENANT_INDEX_BASE, self.api, stop=self.stop)
+                if self.stop.is_set():
+                    raise Interrupted("stop")
         j.flush()
         j.append_event(JournalEvent(EventKind.PHASE, "baseline:end", {"probes": len(self.probes)}))
         self._say(f"baseline: {len(self.probes)} reference probes recorded alone, twice each")

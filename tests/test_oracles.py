@@ -538,7 +538,8 @@ def test_liveness_edges_no_end_client_timeout_missing_snapshots_and_dp_ranks(jou
 
 
 def test_registry_lists_every_oracle_by_its_name_and_each_runs_on_an_empty_journal(journal: Journal) -> None:
-    assert list(ALL_ORACLES) == ["canary", "reference", "status", "usage", "timing", "integrity", "liveness"]
+    assert list(ALL_ORACLES) == ["canary", "reference", "status", "usage", "timing", "integrity", "liveness",
+                                 "tenant_isolation"]
     assert ALL_ORACLES["canary"] is CanaryLeakOracle
     oracles = default_oracles()
     assert [o.name for o in oracles] == list(ALL_ORACLES)
