@@ -115,4 +115,5 @@ class PrefixCache:
         return self.pool.alloc(num_pages)
 
     def can_alloc(self, num_pages: int) -> bool:
-        return self.pool.free_pages + self.evictable_pages >= num_pages
+        # The free list usually suffices; counting evictable pages walks the whole cache.
+        return self.pool.free_pages >= num_pages or self.pool.free_pages + self.evictable_pages >= num_pages
