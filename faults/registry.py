@@ -8,10 +8,16 @@ from typing import Any
 
 from chaos.errors import UsageError
 from faults.base import Fault
+from faults.links import KvTransfer, NetnsPartition, RouterLink
 from faults.process import ProcessKill, TransferStall
 from faults.restarts import EngineFailure, MemoryFraction
+from faults.traffic import CacheFlush, ClientAbort, OverLengthBurst
 
-FAULTS: dict[str, type[Fault]] = {cls.name: cls for cls in (TransferStall, ProcessKill, MemoryFraction, EngineFailure)}
+FAULTS: dict[str, type[Fault]] = {cls.name: cls for cls in (
+    TransferStall, ProcessKill, MemoryFraction, EngineFailure,
+    KvTransfer, RouterLink, NetnsPartition,
+    ClientAbort, OverLengthBurst, CacheFlush,
+)}
 
 
 def build_fault(name: str, params: Mapping[str, Any], where: str) -> Fault:

@@ -4,6 +4,14 @@ Each process starts in its own session on 127.0.0.1 with free ports; the router 
 `sglang-router` (`python -m sglang_router.launch_router --pd-disaggregation`) with `HF_ENDPOINT`
 pointed at loopback so its tokenizer lookup never leaves the machine (components.md §3).
 A stack can be stopped from another process through the state file it writes.
+
+With `proxied_links`, three standalone fault proxies (`python -m faults.proxy`, each in its own
+session, clean pass-through at start) sit on the links a network fault acts on: router->prefill
+HTTP, router->decode HTTP, and the KV transfer channel (decode advertises the proxy's address, so
+prefill's KV writes cross it; the proxy forwards to decode's fixed transfer port). They are
+recorded in the state file, so `pdchaos sim down` and `pdchaos heal` stop them too. Workers keep
+their real URLs in `endpoints` (for /abort_request, /v1/loads, /metrics); only the router and
+prefill's KV writes go through proxies.
 """
 
 from __future__ import annotations
@@ -23,6 +31,28 @@ from chaos.targets.sim.worker import command_for, env_for
 
 LOOPBACK = "127.0.0.1"
 ROUTER_ENV = {"HF_ENDPOINT": "http://127.0.0.1:9", "RUST_LOG": "info"}
+# The links a proxied stack puts a fault proxy on, by name.
+PROXY_LINKS = ("router_prefill", "router_decode", "kv_transfer")
+PROXY_PREFIX = "proxy_"  # a proxy's name in `procs` and in the state file
+
+
+@dataclass(frozen=True)
+class ProxyHandle:
+    """One standalone fault proxy of the stack: where it listens, where it forwards, its control API."""
+
+    link: str
+    listen: str  # HOST:PORT the proxy accepts on (what the router or prefill connects to)
+    upstream: str  # HOST:PORT it forwards to (the real worker or transfer port)
+    control_url: str  # http://HOST:PORT of its control API (GET/PUT /faults, GET /stats)
+    pid: int
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.listen}"
 
 
 @dataclass(frozen=True)
@@ -45,6 +75,8 @@ class SimStackConfig:
     decode_overrides: dict[str, Any] = field(default_factory=dict)
     router: RouterOptions = field(default_factory=RouterOptions)
     startup_timeout_s: float = 30.0
+    # Put a fault proxy on router->prefill, router->decode and the KV transfer link (faults/links.py).
+    proxied_links: bool = False
 
     def settings_for(self, role: str, port: int, bootstrap_port: int) -> WorkerSettings:
         overrides = self.prefill_overrides if role == "prefill" else self.decode_overrides
@@ -85,6 +117,7 @@ class SimStack:
         self.procs: dict[str, ManagedProcess] = {}
         self._router_options = config.router
         self._ports: dict[str, int] = {}
+        self.proxies: dict[str, ProxyHandle] = {}  # link name -> proxy (proxied_links only)
 
     # ---------------------------------------------------------------------------- up/down ----
 
@@ -93,8 +126,17 @@ class SimStack:
         for name in ("prefill", "decode", "router", "router_metrics", "bootstrap"):
             self._ports[name] = free_port()
         try:
+            if self.config.proxied_links:
+                # Decode's real transfer port is fixed up front, so the proxy in front of it
+                # stays valid when decode restarts.
+                self._ports["decode_transfer"] = free_port()
+                self._start_proxies()
             for role in ("prefill", "decode"):
-                self._start_worker(role, self.config.settings_for(role, self._ports[role], self._ports["bootstrap"]))
+                settings = self.config.settings_for(role, self._ports[role], self._ports["bootstrap"])
+                if role == "decode" and self.config.proxied_links:
+                    settings = replace(settings, transfer_port=self._ports["decode_transfer"],
+                                       transfer_advertise=self.proxies["kv_transfer"].listen)
+                self._start_worker(role, settings)
             for role in ("prefill", "decode"):
                 wait_http_ok(self.worker_url(role) + "/health", self.config.startup_timeout_s, self.procs[role])
             self._start_router()
@@ -109,16 +151,39 @@ class SimStack:
         env = {**env_for(settings.timeouts), **self.extra_env.get(role, {})}
         self.procs[role] = launch(role, command_for(settings), self.log_dir / f"{role}.log", env)
 
+    def _start_proxies(self) -> None:
+        upstreams = {
+            "router_prefill": self._ports["prefill"],
+            "router_decode": self._ports["decode"],
+            "kv_transfer": self._ports["decode_transfer"],
+        }
+        # Launch all three, then wait: each spends most of its start-up importing Python modules.
+        for link in PROXY_LINKS:
+            name = PROXY_PREFIX + link
+            argv = [sys.executable, "-m", "faults.proxy", "--listen", f"{LOOPBACK}:0",
+                    "--upstream", f"{LOOPBACK}:{upstreams[link]}", "--control", f"{LOOPBACK}:0"]
+            self.procs[name] = launch(name, argv, self.log_dir / f"{name}.log")
+        for link in PROXY_LINKS:
+            proc = self.procs[PROXY_PREFIX + link]
+            ready = _wait_proxy_ready(proc, self.config.startup_timeout_s)
+            self.proxies[link] = ProxyHandle(link=link, listen=ready["listen"], upstream=f"{LOOPBACK}:{upstreams[link]}",
+                                             control_url=f"http://{ready['control']}", pid=proc.pid)
+
+    def _router_worker_url(self, role: str) -> str:
+        """Where the router reaches a worker: through its proxy when the links are proxied."""
+        proxy = self.proxies.get(f"router_{role}")
+        return proxy.url if proxy is not None else self.worker_url(role)
+
     def _start_router(self) -> None:
         argv = router_command(
             self._router_options, self._ports["router"], self._ports["router_metrics"],
-            self.worker_url("prefill"), self._ports["bootstrap"], self.worker_url("decode"),
+            self._router_worker_url("prefill"), self._ports["bootstrap"], self._router_worker_url("decode"),
         )
         self.procs["router"] = launch("router", argv, self.log_dir / "router.log", ROUTER_ENV)
         wait_http_ok(self.router_url + "/readiness", self.config.startup_timeout_s, self.procs["router"])
 
     def down(self) -> None:
-        for name in ("router", "decode", "prefill"):
+        for name in ("router", "decode", "prefill", *(PROXY_PREFIX + link for link in PROXY_LINKS)):
             proc = self.procs.get(name)
             if proc is not None:
                 proc.stop()
@@ -191,10 +256,32 @@ class SimStack:
             kind=self.kind,
             endpoints=self.endpoints,
             processes=[
-                ProcessRef(name, name, p.pid, p.pgid, str(p.log_path)) for name, p in self.procs.items() if p.alive()
+                ProcessRef(name, "proxy" if name.startswith(PROXY_PREFIX) else name, p.pid, p.pgid, str(p.log_path))
+                for name, p in self.procs.items() if p.alive()
             ],
         )
-        self.state_path(self.run_dir).write_text(json.dumps(dataclasses.asdict(state), indent=2))
+        data = dataclasses.asdict(state)
+        data["proxies"] = {link: dataclasses.asdict(handle) for link, handle in self.proxies.items()}
+        self.state_path(self.run_dir).write_text(json.dumps(data, indent=2))
+
+
+def _wait_proxy_ready(proc: ManagedProcess, timeout_s: float) -> dict[str, Any]:
+    """The JSON line a standalone proxy prints once it listens (it names its own pid)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = proc.log_path.read_text(errors="replace") if proc.log_path.exists() else ""
+        for line in text.splitlines():
+            if line.startswith("{"):
+                try:
+                    ready = json.loads(line)
+                except ValueError:
+                    continue
+                if ready.get("pid") == proc.pid and ready.get("listen") and ready.get("control"):
+                    return ready
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited with code {proc.popen.returncode} before it listened; see {proc.log_path}")
+        time.sleep(0.05)
+    raise TimeoutError(f"{proc.name} did not report its ports within {timeout_s:.0f}s; see {proc.log_path}")
 
 
 def stop_from_state(run_dir: Path) -> list[str]:
