@@ -20,7 +20,7 @@ EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from chaos import cli_canary, cli_heal, cli_load, cli_preflight, cli_report, cli_run, cli_sim, cli_smoke
+    from chaos import cli_canary, cli_heal, cli_load, cli_preflight, cli_report, cli_run, cli_sim
 
     parser = argparse.ArgumentParser(
         prog="pdchaos",
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pdchaos {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
-    for module in (cli_run, cli_report, cli_sim, cli_smoke, cli_load, cli_preflight, cli_canary, cli_heal):
+    for module in (cli_run, cli_report, cli_sim, cli_load, cli_preflight, cli_canary, cli_heal):
         module.register(commands)
     return parser
 

@@ -94,7 +94,7 @@ def window_index_base(window_id: str) -> int:
 class TrafficFault(Fault):
     """A fault that sends requests: a run prefix, marker indices, rids, and the journal."""
 
-    targets = frozenset({"sim", "sglang"})
+    targets = frozenset({"sim", "sglang", "attach"})  # traffic only: any SGLang-shaped URL
 
     def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
         return []  # requests end by themselves; nothing is left to undo
@@ -688,7 +688,7 @@ class CacheFlush(Fault):
     name = "cache_flush"
     summary = "POST /flush_cache to the workers every interval during the window (400 while requests run)"
     Params = CacheFlushParams
-    targets = frozenset({"sim", "sglang"})
+    targets = frozenset({"sim", "sglang", "attach"})
 
     @property
     def p(self) -> CacheFlushParams:
