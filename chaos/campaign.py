@@ -75,6 +75,15 @@ class TargetSpec(Strict):
         return self
 
 
+class StageSpec(Strict):
+    until: Duration = Field(description="the stage lasts until this long after the load starts")
+    users: int = Field(ge=0)
+
+    @property
+    def until_s(self) -> float:
+        return _seconds(self.until, "load.stages.until")
+
+
 class LoadSpec(Strict):
     profile: str = "mixed"
     users: int = Field(8, ge=1)
@@ -82,6 +91,17 @@ class LoadSpec(Strict):
     shape: Literal["steady", "ramp", "spike", "stages", "soak"] = "steady"
     duration: Duration = "60s"
     max_tokens: int = Field(32, ge=1)
+    stages: list[StageSpec] = Field(default_factory=list, description="shape 'stages': users per stage (e.g. a lull)")
+
+    @model_validator(mode="after")
+    def _stages_fit(self) -> LoadSpec:
+        if self.shape == "stages":
+            if not self.stages:
+                raise ValueError("shape 'stages' needs stages: [{until: 30s, users: 8}, ...]")
+            ends = [s.until_s for s in self.stages]
+            if ends != sorted(ends) or abs(ends[-1] - self.duration_s) > 1e-6:
+                raise ValueError("stages must be in time order and the last must end at load.duration")
+        return self
 
     @field_validator("duration")
     @classmethod

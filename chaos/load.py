@@ -19,7 +19,7 @@ from typing import Any
 from chaos.cluster import HealthSample, LoadCluster, PollResult, locust_request_count
 from chaos.journal import EventKind, Journal, JournalEvent, RequestRecord
 from chaos.loadstats import LoadStats, generator_saturated
-from loadprofiles.config import LoadConfig, ShapeKind, ShapeSpec, TargetFacts
+from loadprofiles.config import LoadConfig, ShapeKind, ShapeSpec, Stage, TargetFacts
 from loadprofiles.profiles import Profile
 
 POLL_INTERVAL_S = 0.5
@@ -40,23 +40,32 @@ class LoadPlan:
     seed: int = 0
     phase: str = "load"
     index_base: int = 0  # request indices below it belong to the runner's probes
+    stages: tuple[tuple[float, int], ...] = ()  # shape "stages": (until_s, users) for the whole load
 
     def configs(self, workdir: Path) -> list[LoadConfig]:
         """One LoadConfig per actor; users are split as evenly as possible."""
         out = []
         for i in range(self.actors):
-            users = self.users // self.actors + (1 if i < self.users % self.actors else 0)
+            users = _share(self.users, self.actors, i)
             if users == 0:
                 continue
+            stages = tuple(Stage(until_s=until, users=_share(n, self.actors, i), spawn_rate=max(1.0, users / 2))
+                           for until, n in self.stages)
             out.append(LoadConfig(
                 run_prefix=self.run_prefix, target_url=self.target_url,
                 records_path=str(workdir / f"actor-{i}" / "records.jsonl"),
                 actor_index=i, actor_count=self.actors, facts=self.facts, mix=dict(self.profile.mix),
-                shape=ShapeSpec(kind=self.shape, duration_s=self.duration_s, users=users, spawn_rate=max(1.0, users / 2)),
+                shape=ShapeSpec(kind=self.shape, duration_s=self.duration_s, users=users, spawn_rate=max(1.0, users / 2),
+                                stages=stages),
                 max_tokens=self.max_tokens or self.profile.max_tokens, seed=self.seed + i, phase=self.phase,
                 index_base=self.index_base,
             ))
         return out
+
+
+def _share(total: int, parts: int, index: int) -> int:
+    """Actor `index`'s share of `total` users, as even as possible."""
+    return total // parts + (1 if index < total % parts else 0)
 
 
 @dataclass

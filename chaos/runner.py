@@ -257,7 +257,7 @@ class Runner:
         plan = LoadPlan(target_url=self.target.endpoints.router_url, facts=self.facts, profile=PROFILES[load.profile],
                         run_prefix=self.run_prefix, users=load.users, duration_s=load.duration_s, actors=load.actors,
                         shape=load.shape, max_tokens=load.max_tokens, seed=self.campaign.seed, phase="load",
-                        index_base=PROBE_INDEX_LIMIT)
+                        index_base=PROBE_INDEX_LIMIT, stages=tuple((s.until_s, s.users) for s in load.stages))
         load_done, load_started = threading.Event(), threading.Event()
         started_at: list[float] = []
 

@@ -1,0 +1,73 @@
+"""Every defect switch is caught by its campaign through the intended oracle; the clean engine passes.
+
+The campaigns are the shipped ones in campaigns/defects/ (about a minute each here). A leak
+finding must name a victim that is really in the journal and whose marker really is in the
+offending response.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chaos.journal import Journal
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parent.parent
+CAMPAIGNS = ROOT / "campaigns" / "defects"
+
+# defect -> (campaign, oracles of which at least one must FAIL)
+EXPECTED = {
+    "rejected_prefill_handoff": ("incident", {"canary", "status", "timing"}),
+    "free_before_transfer_done": ("aborts", {"canary", "reference"}),
+    "commit_before_kv_lands": ("handoff", {"reference", "canary"}),
+    "partial_transfer_reported_complete": ("handoff", {"reference"}),
+    "metadata_slot_collision": ("handoff", {"reference", "canary"}),
+    "prefix_cache_keeps_evicted_pages": ("cache", {"canary", "reference"}),
+    "cache_key_ignores_adapter": ("cache", {"reference"}),
+    "abort_reported_as_length": ("aborts", {"status"}),
+    "pages_leak_on_abort": ("aborts", {"liveness"}),
+    "prefix_cache_shared_across_tenants": ("cache", {"tenant_isolation"}),
+}
+
+
+def run(campaign: str, out: Path, defect: str | None) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "chaos.cli", "run", str(CAMPAIGNS / f"{campaign}.yaml"), "--out", str(out), "--quiet"]
+    if defect:
+        args += ["--defect", defect]
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+def failing_oracles(out: Path) -> dict[str, list[dict]]:
+    with Journal.open(out, readonly=True) as journal:
+        return {e.data["name"]: e.data["findings"] for e in journal.iter_events(kind="verdict", name="oracle")
+                if e.data["verdict"] == "FAIL"}
+
+
+@pytest.mark.parametrize("campaign", sorted({c for c, _ in EXPECTED.values()}))
+def test_the_clean_engine_passes_every_defect_campaign(tmp_path: Path, campaign: str) -> None:
+    result = run(campaign, tmp_path / "run", None)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("defect", sorted(EXPECTED))
+def test_each_defect_fails_through_its_oracle(tmp_path: Path, defect: str) -> None:
+    campaign, oracles = EXPECTED[defect]
+    out = tmp_path / "run"
+    result = run(campaign, out, defect)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    failed = failing_oracles(out)
+    assert oracles & set(failed), f"{defect}: expected one of {oracles} to fail, got {sorted(failed)}"
+    with Journal.open(out, readonly=True) as journal:
+        for finding in failed.get("canary", []):
+            victim = finding.get("victim_request_id")
+            if victim is None:
+                continue
+            offender, record = journal.get_request(finding["request_id"]), journal.get_request(victim)
+            assert offender is not None and record is not None
+            marker = finding["evidence"]["marker"]
+            assert marker in offender.response_text
+            assert any(marker in m for m in record.markers) or marker in record.prompt  # the victim's own

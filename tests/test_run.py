@@ -1,0 +1,89 @@
+"""`pdchaos run` end to end on the embedded engine: the default campaign, and an interrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from chaos.journal import Journal, JournalError
+from chaos.targets.sim.stack import stop_from_state
+from chaos.windows import windows_from_events
+from faults.undo import group_members, process_state
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_default_campaign_passes_with_every_fault_confirmed_and_healed(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "campaigns/default.yaml", "--out", str(out), "--quiet"],
+                            capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "verdict: PASS" in result.stdout
+    with Journal.open(out, readonly=True) as journal:
+        windows = windows_from_events(journal.iter_events(kind="fault"))
+        audits = [e.data for e in journal.iter_events(kind="fault") if e.data.get("step") == "audit"]
+        phases = {r.phase for r in journal.iter_requests()}
+    assert len(windows) == 10
+    assert all(w.confirmed and w.healed for w in windows), [(w.label, w.confirm_evidence) for w in windows if not w.confirmed]
+    assert len(audits) == 10 and all(a["clean"] for a in audits)
+    assert {"baseline", "load", "aftershock"} <= phases
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "PASS" and report["exit_code"] == 0 and report["leaks"] == []
+    assert report["requests"]["total"] > 200
+    assert len(ET.parse(out / "junit.xml").getroot().findall(".//testcase")) >= 10 * 8
+    assert (out / "report.html").read_text().count("<svg") >= 4
+    assert (out / "reproduce.yaml").exists() and (out / "summary.md").exists()
+    assert not (out / "target.json").exists()  # the stack was stopped
+
+
+def _injected(run_dir: Path) -> bool:
+    try:
+        with Journal.open(run_dir, readonly=True) as journal:
+            return any(e.data.get("step") == "inject" for e in journal.iter_events(kind="fault"))
+    except (FileNotFoundError, JournalError):
+        return False
+
+
+def test_ctrl_c_heals_reports_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    campaign = tmp_path / "stall.yaml"
+    campaign.write_text(
+        "name: interrupted\n"
+        "target: {sim: {waiting_timeout_s: 2}}\n"
+        "load: {profile: canary-chat, users: 4, duration: 60s}\n"
+        "probes: {count: 4}\n"
+        "faults: {windows: [{fault: transfer_stall, at: 2s, duration: 40s, params: {role: prefill}}]}\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        wait_until(lambda: _injected(out), timeout_s=120, what="the stall to be injected")
+        state = json.loads((out / "target.json").read_text())
+        groups = [p["pgid"] for p in state["processes"]]
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stop_from_state(out)
+    assert proc.returncode == 3, stdout
+    assert "INCONCLUSIVE" in stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "INCONCLUSIVE"
+    with Journal.open(out, readonly=True) as journal:
+        steps = [e.data.get("step") for e in journal.iter_events(kind="fault")]
+    assert "heal" in steps and "audit" in steps
+    for pgid in groups:  # healed (nothing left stopped) and the stack it launched is gone
+        assert all(process_state(pid) != "T" for pid in group_members(pgid))
+        wait_until(lambda pgid=pgid: not group_members(pgid), timeout_s=20, what=f"group {pgid} to exit")
