@@ -87,7 +87,8 @@ def _to_record(data: dict[str, Any]) -> RequestRecord:
     return RequestRecord(**{k: v for k, v in data.items() if k in _RECORD_FIELDS})
 
 
-def _absorb(journal: Journal, results: list[PollResult], outcome: LoadOutcome) -> tuple[int, int]:
+def _absorb(journal: Journal, results: list[PollResult], outcome: LoadOutcome,
+            on_records: Callable[[list[RequestRecord]], None] | None = None) -> tuple[int, int]:
     added = errors = 0
     for result in results:
         records = []
@@ -97,6 +98,8 @@ def _absorb(journal: Journal, results: list[PollResult], outcome: LoadOutcome) -
             except (TypeError, ValueError) as exc:
                 outcome.anomalies.append(f"unreadable record: {exc}")
         journal.append_requests(records)
+        if on_records is not None:
+            on_records(records)
         added += len(records)
         errors += sum(1 for r in records if r.outcome.value != "ok")
         outcome.anomalies.extend(result.anomalies)
@@ -107,7 +110,8 @@ def _absorb(journal: Journal, results: list[PollResult], outcome: LoadOutcome) -
 
 
 def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str | None = None,
-             progress: Progress | None = None, on_started: Callable[[float], None] | None = None) -> LoadOutcome:
+             progress: Progress | None = None, on_started: Callable[[float], None] | None = None,
+             on_records: Callable[[list[RequestRecord]], None] | None = None) -> LoadOutcome:
     """Run the plan to its end (or Ctrl-C). `on_started(t)` fires once Locust is running: fault
     schedules count from then, not from Ray's start-up."""
     outcome = LoadOutcome()
@@ -128,7 +132,7 @@ def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str |
             deadline = started + plan.duration_s + 30.0  # the shape ends Locust; this bounds a stuck one
             while time.monotonic() < deadline:
                 results = cluster.poll()
-                _, new_errors = _absorb(journal, results, outcome)
+                _, new_errors = _absorb(journal, results, outcome, on_records)
                 errors += new_errors
                 running = sum(1 for r in results if r.running)
                 if progress:
@@ -141,7 +145,7 @@ def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str |
         finally:
             for stats, last in cluster.stop_all():
                 outcome.locust_requests += locust_request_count(stats)
-                _absorb(journal, [last], outcome)
+                _absorb(journal, [last], outcome, on_records)
     journal.flush()
     journal.append_event(JournalEvent(EventKind.PHASE, f"{plan.phase}:end", {
         "journaled": outcome.journaled, "locust_requests": outcome.locust_requests, "interrupted": outcome.interrupted}))
@@ -163,13 +167,14 @@ def summary(stats: LoadStats, outcome: LoadOutcome) -> dict[str, Any]:
     }
 
 
-def terminal_progress(duration_s: float) -> Progress:
-    """A live line on a terminal; a plain line every 5 s otherwise."""
+def terminal_progress(duration_s: float, extra: Callable[[], str] = lambda: "") -> Progress:
+    """A live line on a terminal; a plain line every 5 s otherwise. `extra` adds to the line
+    (the runner shows the active fault and the leaks seen so far)."""
     last_line = [0.0]
 
     def show(elapsed: float, requests: int, errors: int, running: int) -> None:
         rate = requests / elapsed if elapsed > 0 else 0.0
-        text = f"[{elapsed:5.1f}/{duration_s:.0f}s] requests {requests}  non-ok {errors}  {rate:.1f} req/s  actors {running}"
+        text = f"[{elapsed:5.1f}/{duration_s:.0f}s] requests {requests}  non-ok {errors}  {rate:.1f} req/s  actors {running}{extra()}"
         if sys.stdout.isatty():
             print("\r" + text, end="", flush=True)
         elif elapsed - last_line[0] >= 5.0:

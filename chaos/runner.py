@@ -22,9 +22,9 @@ import httpx
 import yaml
 
 from chaos.campaign import Campaign, WindowSpec
-from chaos.errors import TargetError, UsageError
+from chaos.errors import UsageError
 from chaos.fingerprint import fingerprint
-from chaos.journal import EventKind, Journal, JournalEvent, Outcome
+from chaos.journal import EventKind, Journal, JournalEvent
 from chaos.load import LoadPlan, LoadOutcome, run_load, terminal_progress
 from chaos.loadstats import compute, generator_saturated
 from chaos.oracles.base import OracleContext
@@ -103,6 +103,8 @@ class Runner:
         self.api = "sglang"
         self.load_outcome = LoadOutcome()
         self.window_results: list[Any] = []
+        self.active_fault: str | None = None
+        self.leaks_so_far = 0
 
     # --------------------------------------------------------------------------- the flow ----
 
@@ -272,10 +274,10 @@ class Runner:
         ]
         for thread in workers:
             thread.start()
-        progress = terminal_progress(load.duration_s) if self.show_progress else None
+        progress = terminal_progress(load.duration_s, self._live_status) if self.show_progress else None
         try:
             self.load_outcome = run_load(plan, self.run_dir, self.journal, ray_address=self.ray_address,
-                                         progress=progress, on_started=mark_started)
+                                         progress=progress, on_started=mark_started, on_records=self._scan_live)
         finally:
             load_done.set()
             for thread in workers:
@@ -284,6 +286,15 @@ class Runner:
                 print(flush=True)
         if self.load_outcome.interrupted:
             raise Interrupted("load interrupted")
+
+    def _scan_live(self, records: list[Any]) -> None:
+        """Count leaks as records arrive, for the live line (the canary oracle judges later)."""
+        for record in records:
+            if record.response_text and self.codec.scan_others(record.response_text, record.request_index):
+                self.leaks_so_far += 1
+
+    def _live_status(self) -> str:
+        return f"  fault {self.active_fault or '-'}  leaks so far {self.leaks_so_far}"
 
     def _fault_schedule(self, load_started: threading.Event, started_at: list[float], load_done: threading.Event) -> None:
         """Windows at their times after the load started; one at a time, each healed before the next."""
@@ -305,7 +316,11 @@ class Runner:
         fault = build_fault(window.fault, window.params, f"faults.windows[{n}]")
         ctx = FaultContext(target=self.target, journal=self.journal, window_id=f"w{n + 1}")
         self._say(f"fault {window.fault} ({ctx.window_id}) for {window.duration_s:.0f}s")
-        result = run_window(fault, ctx, window.duration_s, params=window.params, keep_going=lambda: not self.stop.is_set())
+        self.active_fault = f"{window.fault}#{ctx.window_id}"
+        try:
+            result = run_window(fault, ctx, window.duration_s, params=window.params, keep_going=lambda: not self.stop.is_set())
+        finally:
+            self.active_fault = None
         self.window_results.append(result)
         state = "confirmed" if result.confirmation.confirmed else "NOT confirmed"
         self._say(f"fault {window.fault} ({ctx.window_id}) healed; {state}: {result.confirmation.evidence}")

@@ -1,0 +1,74 @@
+"""`pdchaos load`: Ray-placed Locust actors, every request journaled, a SIGKILL loses nothing done."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chaos.journal import Journal, JournalError
+from chaos.targets.sim.stack import stop_from_state
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _locust_processes() -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if "loadprofiles/locustfile.py" in line]
+
+
+def test_two_actors_journal_every_request_locust_sent(tmp_path: Path) -> None:
+    out = tmp_path / "load"
+    result = subprocess.run([sys.executable, "-m", "chaos.cli", "load", "--target", "sim", "--profile", "mixed",
+                             "--users", "6", "--actors", "2", "--duration", "12s", "--out", str(out)],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["requests"] > 20
+    assert summary["requests"] == summary["locust_requests"]  # nothing lost between Locust and the journal
+    assert summary["ok"] + summary["fail"] + summary["info"] == summary["requests"]
+    assert summary["ttft_p50_ms"] is not None and summary["generator_saturated"] in (True, False)
+    with Journal.open(out, readonly=True) as journal:
+        records = list(journal.iter_requests())
+    assert {r.actor.split("/")[0] for r in records} == {"actor0", "actor1"}  # both Ray actors' Locusts
+    assert len({r.request_index for r in records}) == len(records)  # indices interleave, never collide
+    for r in records:
+        if r.t_first_token is not None:
+            assert r.t_send <= r.t_first_byte <= r.t_first_token <= r.t_end
+        assert r.token_times == sorted(r.token_times)
+    assert not _locust_processes()
+
+
+def _journaled(run_dir: Path) -> int:
+    try:
+        with Journal.open(run_dir, readonly=True) as journal:
+            return journal.count_requests()
+    except (FileNotFoundError, JournalError):
+        return 0
+
+
+def test_a_sigkilled_driver_leaves_a_journal_with_the_finished_requests(tmp_path: Path) -> None:
+    out = tmp_path / "load"
+    driver = subprocess.Popen([sys.executable, "-m", "chaos.cli", "load", "--target", "sim", "--users", "4",
+                               "--duration", "60s", "--out", str(out)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+    try:
+        seen = wait_until(lambda: _journaled(out) >= 20 and _journaled(out), timeout_s=120, what="20 journaled requests")
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(10)
+        with Journal.open(out, readonly=True) as journal:
+            assert journal.count_requests() >= seen
+            assert all(r.t_end is not None for r in journal.iter_requests())
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        stop_from_state(out)  # the engine the driver launched
+        # A SIGKILLed driver cannot stop the local Ray it started; `ray stop` does.
+        subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"], capture_output=True, timeout=60)
