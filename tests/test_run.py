@@ -23,6 +23,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.timeout(900)  # the whole default campaign: about four minutes here
 def test_the_default_campaign_passes_with_every_fault_confirmed_and_healed(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "campaigns/default.yaml", "--out", str(out), "--quiet"],
@@ -54,6 +55,7 @@ def _injected(run_dir: Path) -> bool:
         return False
 
 
+@pytest.mark.timeout(600)
 def test_ctrl_c_heals_reports_and_leaves_nothing_behind(tmp_path: Path) -> None:
     out = tmp_path / "run"
     campaign = tmp_path / "stall.yaml"
