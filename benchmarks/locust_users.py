@@ -60,6 +60,7 @@ if os.environ.get(BODIES_ENV):
 import argparse
 import platform
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -400,6 +401,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chunks", type=int, default=8, help="server: streamed pieces per reply")
     p.add_argument("--pin", action="store_true", help="pin Locust to CPU0 and the server to CPU1")
     p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory (records, bodies, server log)")
     p.add_argument("--json", default=None, help="also write the report here")
     return p.parse_args(argv)
 
@@ -477,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+        if args.keep:
+            print(f"[locust_users] kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
     report["loadavg_end"] = list(os.getloadavg())
     if "ours" in variants:
         report["breakdown"] = breakdown(2000, args.seed, args.max_tokens, args.echo_chars, args.chunks)
