@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -52,3 +53,37 @@ def sim_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimStack]:
 def client() -> Iterator[httpx.Client]:
     with httpx.Client(timeout=60.0) as c:
         yield c
+
+
+LEDGER_PROMPT = "Please repeat the ledger. " + "ledger line with amounts " * 120
+
+
+class Traffic:
+    """Client threads sending long prompts through the router until stopped (fault tests)."""
+
+    def __init__(self, url: str, threads: int = 3, timeout_s: float = 30.0, prompt: str = LEDGER_PROMPT) -> None:
+        self.url = url
+        self.prompt = prompt
+        self.timeout_s = timeout_s
+        self.stop = threading.Event()
+        self.statuses: list[int] = []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def _run(self) -> None:
+        body = {"text": self.prompt, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+        with httpx.Client(timeout=self.timeout_s) as client:
+            while not self.stop.is_set():
+                try:
+                    self.statuses.append(client.post(f"{self.url}/generate", json=body).status_code)
+                except httpx.HTTPError:
+                    self.statuses.append(0)
+
+    def __enter__(self) -> Traffic:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(self.timeout_s + 10)

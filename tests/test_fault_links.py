@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +31,7 @@ from faults.links import netns_unavailable, partition_present
 from faults.registry import FAULTS, build_fault
 from faults.undo import group_members
 from faults.window import run_window
-from tests.conftest import start_stack, wait_until
+from tests.conftest import Traffic, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -42,36 +41,6 @@ LINK_STACK = SimStackConfig(
                           timeouts=replace(TransferTimeouts(), waiting_timeout_s=1.5, bootstrap_timeout_s=2.0)),
     proxied_links=True,
 )
-PROMPT = "Please repeat the ledger. " + "ledger line with amounts " * 120
-
-
-class Traffic:
-    """Client threads sending requests through the router until stopped."""
-
-    def __init__(self, url: str, threads: int = 3) -> None:
-        self.url = url
-        self.stop = threading.Event()
-        self.statuses: list[int] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=15) as client:
-            while not self.stop.is_set():
-                try:
-                    r = client.post(f"{self.url}/generate", json={"text": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
-                    self.statuses.append(r.status_code)
-                except httpx.HTTPError:
-                    self.statuses.append(0)
-
-    def __enter__(self) -> Traffic:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(20)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +103,7 @@ def test_proxied_stack_routes_through_proxies_and_survives_a_restart(stack: SimS
 @pytest.mark.parametrize("params", [{"mode": "reset"}, {"mode": "truncate", "truncate_after_bytes": 2048}])
 def test_destructive_kv_transfer_faults_are_confirmed_by_failed_transfers(stack: SimStack, tmp_path: Path, params: dict) -> None:
     fault = build_fault("kv_transfer", params, "faults[0]")
-    with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url) as traffic:
+    with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url, timeout_s=15) as traffic:
         result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=2.0)
     assert result.confirmation.confirmed, result.confirmation.evidence
     assert "failed-transfer counters +" in result.confirmation.evidence
@@ -145,7 +114,7 @@ def test_destructive_kv_transfer_faults_are_confirmed_by_failed_transfers(stack:
 
 def test_kv_transfer_latency_is_confirmed_by_the_proxy(stack: SimStack) -> None:
     fault = build_fault("kv_transfer", {"mode": "latency", "latency_ms": 50, "jitter_ms": 10}, "faults[0]")
-    with Traffic(stack.router_url) as traffic:
+    with Traffic(stack.router_url, timeout_s=15) as traffic:
         result = run_window(fault, _ctx(stack, None, "w1"), duration_s=1.5)
     assert result.confirmation.confirmed, result.confirmation.evidence
     assert set(traffic.statuses) == {200}  # slower, not broken
@@ -174,7 +143,7 @@ def test_a_proxy_fault_on_a_target_without_proxies_is_reported_not_available(tmp
 @pytest.mark.parametrize("link, mode", [("decode", "partition"), ("prefill", "latency")])
 def test_router_link_faults(stack: SimStack, link: str, mode: str) -> None:
     fault = build_fault("router_link", {"link": link, "mode": mode, "latency_ms": 50}, "faults[0]")
-    with Traffic(stack.router_url) as traffic:
+    with Traffic(stack.router_url, timeout_s=15) as traffic:
         result = run_window(fault, _ctx(stack, None, "w1"), duration_s=2.5)
     assert result.confirmation.confirmed, result.confirmation.evidence
     if mode == "partition":
@@ -210,7 +179,7 @@ def iptables() -> None:
 def test_netns_partition_of_the_transfer_port_is_confirmed_and_removed(stack: SimStack, iptables: None, tmp_path: Path) -> None:
     fault = build_fault("netns_partition", {"link": "kv_transfer", "action": "reject"}, "faults[0]")
     ctx = _ctx(stack, None, "w1")
-    with Traffic(stack.router_url):
+    with Traffic(stack.router_url, timeout_s=15):
         result = run_window(fault, ctx, duration_s=2.0)
     assert result.confirmation.confirmed, result.confirmation.evidence
     assert "matched" in result.confirmation.evidence and "failed-transfer counters +" in result.confirmation.evidence

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,43 +17,13 @@ from faults.base import FaultContext
 from faults.registry import FAULTS, build_fault
 from faults.undo import group_members, process_state
 from faults.window import run_window
-from tests.conftest import start_stack, wait_until
+from tests.conftest import Traffic, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
 FAULT_STACK = SimStackConfig(
     worker=WorkerSettings(transfer_tokens_per_s=20000.0, timeouts=replace(TransferTimeouts(), waiting_timeout_s=2.0, bootstrap_timeout_s=3.0)),
 )
-PROMPT = "Please repeat the ledger. " + "ledger line with amounts " * 120
-
-
-class Traffic:
-    """A few client threads sending requests through the router until stopped."""
-
-    def __init__(self, url: str, threads: int = 3) -> None:
-        self.url = url
-        self.stop = threading.Event()
-        self.statuses: list[int] = []
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self.stop.is_set():
-                try:
-                    r = client.post(f"{self.url}/generate", json={"text": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
-                    self.statuses.append(r.status_code)
-                except httpx.HTTPError:
-                    self.statuses.append(0)
-
-    def __enter__(self) -> Traffic:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(40)
 
 
 @pytest.fixture()
