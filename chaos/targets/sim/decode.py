@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from chaos.targets.sim.bootstrap import BootstrapClient
 from chaos.targets.sim.engine import Engine, Phase, Req
 from chaos.targets.sim import model
-from chaos.targets.sim.protocol import Finish, abort, kv_transfer_error
+from chaos.targets.sim.protocol import Finish, abort
 from chaos.targets.sim.transfer import Destination, Done, KVReceiver, kv_checksum
 
 log = logging.getLogger("sglang.disaggregation.decode")
@@ -75,15 +75,6 @@ class DecodeEngine(Engine):
         await super().stop()
 
     # ------------------------------------------------------------------------- lifecycle ----
-
-    def _fail(self, req: Req, stage: str, reason: str) -> None:
-        message = kv_transfer_error(req.room or 0, reason)
-        log.error(
-            "Decode %s failed for request rank=0 req.rid=%s req.bootstrap_room=%s with exception %s",
-            stage, req.rid, req.room, message,
-        )
-        self.metrics.inc("num_bootstrap_failed_reqs_total" if stage == "handshake" else "num_transfer_failed_reqs_total")
-        self.finish(req, abort(message, status_code=500))
 
     def prefill_addr(self, req: Req) -> str:
         """The bootstrap server to talk to: the router's fields, else our own default port."""
@@ -144,17 +135,17 @@ class DecodeEngine(Engine):
                     addr, room, req.rid, Destination(self.transfer_host, self.transfer_port, prompt_pages)
                 )
             except ConnectionError as exc:
-                self._fail(req, "handshake", str(exc))
+                self.fail_handoff(req, "handshake", str(exc))
                 return None
             if self.injected_failure():
-                self._fail(req, "transfer", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
+                self.fail_handoff(req, "transfer", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
                 return None
             waiting_timeout = self.settings.timeouts.waiting_timeout_s
             try:
                 result = await self.until_aborted(req, asyncio.shield(outcome), timeout=waiting_timeout)
             except asyncio.TimeoutError:
                 log.warning("Some requests fail to receive KV Cache transfer done signal after bootstrapping. These requests will be marked as failed.")
-                self._fail(req, "transfer", f"Request {room} timed out after {waiting_timeout:.1f}s in KVPoll.WaitingForInput")
+                self.fail_handoff(req, "transfer", f"Request {room} timed out after {waiting_timeout:.1f}s in KVPoll.WaitingForInput")
                 return None
             if result is None:
                 if "abort_reported_as_length" in self.defects:  # SGLang #33507
@@ -166,7 +157,7 @@ class DecodeEngine(Engine):
                 if result.stream_closed:
                     self.pool.release(req.pages)  # the stream is over: nothing can land any more
                     req.pages = []
-                self._fail(req, "transfer", result.failure)
+                self.fail_handoff(req, "transfer", result.failure)
                 return None
             assert result.done is not None
             return result.done
@@ -178,14 +169,14 @@ class DecodeEngine(Engine):
         # SGLang before #38704 had no such check; two defects model engines without it.
         unchecked = "rejected_prefill_handoff" in self.defects or "metadata_slot_collision" in self.defects
         if done.num_tokens != req.prompt_len and not unchecked:
-            self._fail(req, "transfer", f"KV transfer incomplete: received {done.num_tokens} of {req.prompt_len} tokens")
+            self.fail_handoff(req, "transfer", f"KV transfer incomplete: received {done.num_tokens} of {req.prompt_len} tokens")
             return
         slots = self.pool.slots(req.pages, req.prompt_len)
         if done.checksum is not None and self.settings.kv_checksum:
             landed = kv_checksum(self.pool.read(slots))
             if landed != done.checksum:
                 log.error("KV checksum mismatch for bootstrap_room=%s: sent %s, landed %s", req.room, done.checksum, landed)
-                self._fail(req, "transfer", f"KV checksum mismatch (sent {done.checksum}, landed {landed})")
+                self.fail_handoff(req, "transfer", f"KV checksum mismatch (sent {done.checksum}, landed {landed})")
                 return
         req.kv_computed = True
         req.cached_tokens = done.cached_tokens

@@ -24,7 +24,7 @@ from chaos.targets.sim import model
 from chaos.targets.sim.kvpool import KVPool
 from chaos.targets.sim.metrics import Metrics
 from chaos.targets.sim.prefix_cache import PrefixCache, chain_keys
-from chaos.targets.sim.protocol import BadRequest, Finish, GenerateInput, abort
+from chaos.targets.sim.protocol import BadRequest, Finish, GenerateInput, abort, kv_transfer_error
 from chaos.targets.sim.settings import WorkerSettings
 from chaos.targets.sim.tokenizer import EOS_ID, detokenize
 
@@ -208,6 +208,18 @@ class Engine:
         first = await self.prefill(req, extra_tokens=req.inp.max_new_tokens)
         if first is not None:
             self.start_decoding(req, first)
+
+    def fail_handoff(self, req: Req, stage: str, reason: str) -> None:
+        """End a request whose KV handoff failed, as SGLang logs and answers it (500)."""
+        message = kv_transfer_error(req.room or 0, reason)
+        log.error(
+            "%s %s failed for request rank=0 req.rid=%s req.bootstrap_room=%s with exception %s",
+            self.role.capitalize(), stage, req.rid, req.room, message,
+        )
+        bootstrap = stage in ("bootstrap", "handshake")  # prefill's and decode's names for it
+        failed = "num_bootstrap_failed_reqs_total" if bootstrap else "num_transfer_failed_reqs_total"
+        self.metrics.inc(failed)
+        self.finish(req, abort(message, status_code=500))
 
     def injected_failure(self) -> bool:
         """SGLANG_TEST_DISAGG_FAILURE_PROB: report a poll as failed, without telling the peer."""

@@ -15,7 +15,7 @@ import time
 
 from chaos.targets.sim.bootstrap import BootstrapServer
 from chaos.targets.sim.engine import Engine, Phase, Req
-from chaos.targets.sim.protocol import kv_transfer_error, Finish, abort
+from chaos.targets.sim.protocol import Finish, abort
 from chaos.targets.sim.transfer import Done, TransferFailed, kv_checksum
 
 log = logging.getLogger("sglang.disaggregation.prefill")
@@ -39,15 +39,6 @@ class PrefillEngine(Engine):
         req.inp = dataclasses.replace(req.inp, input_ids=[0], max_new_tokens=1)
         return True
 
-    def _fail(self, req: Req, stage: str, reason: str) -> None:
-        message = kv_transfer_error(req.room or 0, reason)
-        log.error(
-            "Prefill %s failed for request rank=0 req.rid=%s req.bootstrap_room=%s with exception %s",
-            stage, req.rid, req.room, message,
-        )
-        self.metrics.inc("num_bootstrap_failed_reqs_total" if stage == "bootstrap" else "num_transfer_failed_reqs_total")
-        self.finish(req, abort(message, status_code=500))
-
     async def run(self, req: Req) -> None:
         if req.room is None:
             log.error("Invalid request: Disaggregated request received without bootstrap room id")
@@ -70,13 +61,13 @@ class PrefillEngine(Engine):
             dest = await self.until_aborted(req, asyncio.shield(destination), timeout=timeouts.bootstrap_timeout_s)
         except asyncio.TimeoutError:
             log.warning("Some requests timed out when bootstrapping, which means prefill instances fail to receive the KV indices from the decode instance of this request.")
-            self._fail(req, "bootstrap", f"Request {req.room} timed out after {timeouts.bootstrap_timeout_s:.1f}s in KVPoll.Bootstrapping")
+            self.fail_handoff(req, "bootstrap", f"Request {req.room} timed out after {timeouts.bootstrap_timeout_s:.1f}s in KVPoll.Bootstrapping")
             return
         if dest is None or sender.abort_requested:
             self.finish(req, req.abort_reason or abort("Aborted by the decode side"))
             return
         if self.injected_failure():
-            self._fail(req, "bootstrap", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
+            self.fail_handoff(req, "bootstrap", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
             return
 
         first = await self.prefill(req, extra_tokens=0)
@@ -103,7 +94,7 @@ class PrefillEngine(Engine):
             )
         except TransferFailed as exc:
             log.error("Failed to send kv chunk of %s to %s:%s (%s)", req.room, dest.host, dest.port, exc)
-            self._fail(req, "transfer", f"Failed to send kv chunk of {req.room} to {dest.host}:{dest.port}")
+            self.fail_handoff(req, "transfer", f"Failed to send kv chunk of {req.room} to {dest.host}:{dest.port}")
             return
         self._transfer_seconds += time.monotonic() - started
         self._transfer_bytes += n * self.settings.kv_bytes_per_token
@@ -112,7 +103,7 @@ class PrefillEngine(Engine):
             self.finish(req, req.abort_reason or abort("Aborted by the decode side"))
             return
         if self.injected_failure():
-            self._fail(req, "transfer", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
+            self.fail_handoff(req, "transfer", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
             return
         req.output_ids.append(first)
         # SGLang forces FINISH_LENGTH(0) on a successful transfer unless the request was aborted.
