@@ -26,7 +26,7 @@ from chaos.targets.sim.transfer import Destination, Done, KVReceiver, kv_checksu
 log = logging.getLogger("sglang.disaggregation.decode")
 
 NOTIFY_RETRY_S = 1.0
-METADATA_SLOTS = 4  # defect "metadata_slot_collision": completions are matched by room % this
+METADATA_SLOTS = 2  # defect "metadata_slot_collision": completions are matched by room % this
 
 
 @dataclass
