@@ -266,6 +266,21 @@ def validate_semantics(campaign: Campaign) -> None:
                 problems.append(f"faults.random.faults: unknown fault {name!r}; known: {', '.join(sorted(FAULTS))}")
     from chaos.targets.sim.defects import DEFECTS
 
+    import dataclasses
+
+    from chaos.targets.sim.settings import WorkerSettings
+
+    known = {f.name for f in dataclasses.fields(WorkerSettings)} - {"role", "host", "port", "bootstrap_port"}
+    for role in ("prefill", "decode"):
+        overrides = getattr(campaign.target.sim, role)
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            problems.append(f"target.sim.{role}: unknown setting(s) {', '.join(unknown)}; settable: {', '.join(sorted(known))}")
+            continue
+        try:
+            dataclasses.replace(WorkerSettings(), **overrides)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"target.sim.{role}: {exc}")
     for name in campaign.target.sim.defects:
         if name not in DEFECTS:
             problems.append(f"target.sim.defects: unknown defect {name!r}; known: {', '.join(DEFECTS)} (pdchaos sim defects)")

@@ -84,7 +84,7 @@ def sim_stack_config(campaign: Campaign) -> Any:
     router = RouterOptions(retries=spec.router.retries, circuit_breaker=spec.router.circuit_breaker,
                            health_check_interval_s=spec.router.health_check_interval_s)
     return SimStackConfig(worker=worker, prefill_overrides=dict(spec.prefill), decode_overrides=dict(spec.decode),
-                          router=router, **({"proxied_links": True} if spec.proxied_links else {}))
+                          router=router, proxied_links=spec.proxied_links)
 
 
 class Runner:

@@ -37,6 +37,7 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
     ({"name": "x", "target": {"sim": {"defects": ["nope"]}}}, "target.sim.defects", "unknown defect"),
     ({"name": "x", "oracles": {"enabled": ["crystal_ball"]}}, "oracles.enabled", "unknown oracle"),
     ({"name": "x", "lod": {}}, "lod", "unknown field"),
+    ({"name": "x", "target": {"sim": {"prefill": {"max_total_tokenz": 4096}}}}, "target.sim.prefill", "unknown setting"),
 ])
 def test_malformed_campaigns_name_the_field_and_exit_2(tmp_path: Path, campaign: dict, field: str, hint: str) -> None:
     path = tmp_path / "bad.yaml"
