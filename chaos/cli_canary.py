@@ -100,22 +100,11 @@ def run_canary_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``canary`` on its own (``python -m chaos.cli_canary --url ...``), as `chaos.cli` would."""
-    parser = argparse.ArgumentParser(prog="pdchaos")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    commands.required = True
-    register(commands)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "canary":
-        argv = ["canary", *argv]
-    args = parser.parse_args(argv)
-    try:
-        return int(args.handler(args))
-    except UsageError as exc:
-        print(f"pdchaos: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return 130
+    """Run ``canary`` on its own (``python -m chaos.cli_canary --url ...``), through `chaos.cli`."""
+    from chaos.cli import main as pdchaos
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    return pdchaos(args if args[:1] == ["canary"] else ["canary", *args])
 
 
 if __name__ == "__main__":
