@@ -62,26 +62,15 @@ if str(REPO) not in sys.path:
 import yaml
 
 from chaos.journal import JOURNAL_FILENAME, Journal, JournalError
+from chaos.targets.sim.defects import DEFECTS
 
 CAMPAIGNS = REPO / "campaigns" / "defects"
 DEFAULT_DOC = REPO / "docs" / "detection-matrix.md"
 RUN_TIMEOUT_S = 900
 
-# defect -> (campaign in campaigns/defects/, oracles of which at least one must FAIL).
-# The same map as EXPECTED in tests/test_defects.py (a benchmark does not import the tests):
-# change both together.
-EXPECTED: dict[str, tuple[str, frozenset[str]]] = {
-    "rejected_prefill_handoff": ("incident", frozenset({"canary", "status", "timing"})),
-    "free_before_transfer_done": ("aborts", frozenset({"canary", "reference"})),
-    "commit_before_kv_lands": ("handoff", frozenset({"reference", "canary"})),
-    "partial_transfer_reported_complete": ("handoff", frozenset({"reference"})),
-    "metadata_slot_collision": ("handoff", frozenset({"reference", "canary"})),
-    "prefix_cache_keeps_evicted_pages": ("cache", frozenset({"canary", "reference"})),
-    "cache_key_ignores_adapter": ("cache", frozenset({"reference"})),
-    "abort_reported_as_length": ("aborts", frozenset({"status"})),
-    "pages_leak_on_abort": ("aborts", frozenset({"liveness"})),
-    "prefix_cache_shared_across_tenants": ("cache", frozenset({"tenant_isolation"})),
-}
+# defect -> (campaign in campaigns/defects/, oracles of which at least one must FAIL): the
+# defect registry says both, as tests/test_defects.py reads them too.
+EXPECTED: dict[str, tuple[str, frozenset[str]]] = {d.name: (d.campaign, frozenset(d.caught_by)) for d in DEFECTS.values()}
 CLEAN = "(clean)"
 
 

@@ -117,7 +117,7 @@ def run_defects(_: argparse.Namespace) -> int:
         print(f"{d.name}  [{d.bug_class}]  {d.summary}")
         print(f"    mechanism: {d.mechanism}")
         print(f"    real bugs: {d.references}")
-        print(f"    trigger:   {d.trigger}; caught by: {d.caught_by}")
+        print(f"    trigger:   {d.trigger}; campaign: campaigns/defects/{d.campaign}.yaml, caught by: {', '.join(d.caught_by)}")
     return 0
 
 

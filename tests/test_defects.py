@@ -14,24 +14,14 @@ from pathlib import Path
 import pytest
 
 from chaos.journal import Journal
+from chaos.targets.sim.defects import DEFECTS
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 CAMPAIGNS = ROOT / "campaigns" / "defects"
 
-# defect -> (campaign, oracles of which at least one must FAIL)
-EXPECTED = {
-    "rejected_prefill_handoff": ("incident", {"canary", "status", "timing"}),
-    "free_before_transfer_done": ("aborts", {"canary", "reference"}),
-    "commit_before_kv_lands": ("handoff", {"reference", "canary"}),
-    "partial_transfer_reported_complete": ("handoff", {"reference"}),
-    "metadata_slot_collision": ("handoff", {"reference", "canary"}),
-    "prefix_cache_keeps_evicted_pages": ("cache", {"canary", "reference"}),
-    "cache_key_ignores_adapter": ("cache", {"reference"}),
-    "abort_reported_as_length": ("aborts", {"status"}),
-    "pages_leak_on_abort": ("aborts", {"liveness"}),
-    "prefix_cache_shared_across_tenants": ("cache", {"tenant_isolation"}),
-}
+# defect -> (campaign, oracles of which at least one must FAIL), from the defect registry
+EXPECTED = {d.name: (d.campaign, set(d.caught_by)) for d in DEFECTS.values()}
 
 
 def run(campaign: str, out: Path, defect: str | None) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,8 @@ class Defect:
     mechanism: str
     references: str
     trigger: str  # what the campaign must do to hit it
-    caught_by: str  # the oracle expected to catch it
+    campaign: str  # the campaign in campaigns/defects/ that catches it
+    caught_by: tuple[str, ...]  # oracles of which at least one must FAIL
 
 
 DEFECTS: dict[str, Defect] = {d.name: d for d in (
@@ -32,7 +33,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "over pages it never received",
         "SGLang #30233 (the incident), #35421, #38935",
         "asymmetric pools (memory_fraction on prefill) and prompts between the two limits",
-        "canary, status, timing",
+        "incident", ("canary", "status", "timing"),
     ),
     Defect(
         "free_before_transfer_done", "K1",
@@ -41,7 +42,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "late write lands on whichever request got them next",
         "SGLang #35049 (also #35360, #41023, #38961)",
         "transfer stalls past the waiting timeout, client aborts during the transfer",
-        "canary, reference",
+        "aborts", ("canary", "reference"),
     ),
     Defect(
         "commit_before_kv_lands", "K2",
@@ -50,7 +51,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "prompt's pages still hold their previous owner's KV",
         "bug-zoo B20/B21 (read before ready)",
         "any PD traffic; slow transfers widen the gap",
-        "reference, canary",
+        "handoff", ("reference", "canary"),
     ),
     Defect(
         "partial_transfer_reported_complete", "K3",
@@ -59,7 +60,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "pages keep stale KV",
         "vLLM #30358, NIXL HMA (bug-zoo B11, B13)",
         "prompts longer than one transfer chunk",
-        "reference",
+        "handoff", ("reference",),
     ),
     Defect(
         "metadata_slot_collision", "K4",
@@ -68,7 +69,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "commits with another request's first token and before its own KV has landed",
         "SGLang #22716 (bug-zoo B06)",
         "concurrent PD traffic",
-        "reference",
+        "handoff", ("reference", "canary"),
     ),
     Defect(
         "prefix_cache_keeps_evicted_pages", "K5",
@@ -77,7 +78,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "read is someone else's",
         "bug-zoo B18/B19 (radix tree references pages it no longer owns)",
         "shared prefixes plus eviction churn (small pool, long prompts)",
-        "canary, reference",
+        "cache", ("canary", "reference"),
     ),
     Defect(
         "cache_key_ignores_adapter", "K6",
@@ -85,7 +86,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "a request under adapter B reuses pages computed under adapter A",
         "bug-zoo B16/B17 (cache key omits a non-token input)",
         "the same prompt under different adapters",
-        "reference",
+        "cache", ("reference",),
     ),
     Defect(
         "abort_reported_as_length", "K7",
@@ -93,7 +94,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "the success path overwrites the pending abort",
         "SGLang #33507/#33508 (bug-zoo B10)",
         "client aborts (by rid) during the transfer",
-        "status",
+        "aborts", ("status",),
     ),
     Defect(
         "pages_leak_on_abort", "K8",
@@ -102,7 +103,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "requests wait forever",
         "bug-zoo B25/B26, vLLM B02",
         "aborts or transfer timeouts",
-        "liveness",
+        "aborts", ("liveness",),
     ),
     Defect(
         "prefix_cache_shared_across_tenants", "K9",
@@ -111,7 +112,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "token (and cached_tokens) reveal what others asked",
         "bug-zoo B29 and §5 (prefix-cache timing side channels)",
         "tenants probing each other's prefixes",
-        "tenant_isolation",
+        "cache", ("tenant_isolation",),
     ),
 )}
 
