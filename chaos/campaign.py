@@ -11,15 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from chaos.durations import parse_duration
 from chaos.errors import UsageError
 from chaos.oracles.base import OracleSettings
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from chaos.spec import Strict
+from chaos.targets.sglang.spec import SGLangSpec
+from chaos.targets.vllm.spec import VllmSpec
 
 
 Duration = float | int | str
@@ -59,14 +58,27 @@ class SimSpec(Strict):
     router: RouterSpec = Field(default_factory=RouterSpec)
 
 
+class AttachedProcess(Strict):
+    """attach: a process of the deployment the suite may signal and whose log it may read."""
+
+    role: Literal["prefill", "decode", "router"]
+    pid: int | None = Field(None, ge=1, description="its process group is signalled (start each server with setsid)")
+    log: str | None = Field(None, description="path of its log file (for confirmations and the integrity oracle)")
+
+
 class TargetSpec(Strict):
-    kind: Literal["sim", "attach"] = "sim"
+    kind: Literal["sim", "attach", "sglang", "vllm"] = "sim"
     sim: SimSpec = Field(default_factory=SimSpec)
+    sglang: SGLangSpec | None = Field(None, description="kind 'sglang': launch a real SGLang PD deployment")
+    vllm: VllmSpec = Field(default_factory=VllmSpec, description="kind 'vllm': launch the vLLM CPU PD pair")
     url: str | None = Field(None, description="attach: the router (or server) URL")
     workers: list[str] = Field(default_factory=list, description="attach: worker URLs (abort, loads, metrics)")
+    processes: list[AttachedProcess] = Field(default_factory=list, description="attach: processes the suite may act on")
 
     @model_validator(mode="after")
-    def _attach_needs_url(self) -> TargetSpec:
+    def _kind_has_its_section(self) -> TargetSpec:
+        if self.kind == "sglang" and self.sglang is None:
+            raise ValueError("kind 'sglang' needs a sglang section, at least sglang: {model_path: /models/...}")
         if self.kind == "attach":
             if not self.url:
                 raise ValueError("kind 'attach' needs url: the router or server to qualify, e.g. http://127.0.0.1:30000")
@@ -284,11 +296,13 @@ def validate_semantics(campaign: Campaign) -> None:
     for name in campaign.target.sim.defects:
         if name not in DEFECTS:
             problems.append(f"target.sim.defects: unknown defect {name!r}; known: {', '.join(DEFECTS)} (pdchaos sim defects)")
-    if campaign.target.kind == "attach":
-        for i, window in enumerate(campaign.windows()):
-            if window.fault in FAULTS and "attach" not in FAULTS[window.fault].targets:
-                problems.append(f"faults: {window.fault!r} needs process access, which an attached target does not give "
-                                f"(window {i}); launch the target with pdchaos or drop the fault")
+    kind = campaign.target.kind
+    for i, window in enumerate(campaign.windows()):
+        if window.fault in FAULTS and kind not in FAULTS[window.fault].targets:
+            why = ("needs process access, which an attached target does not give; launch the target with pdchaos"
+                   if kind == "attach" else f"does not apply to a {kind} target")
+            problems.append(f"faults: {window.fault!r} (window {i}) {why}; it applies to: "
+                            f"{', '.join(sorted(FAULTS[window.fault].targets))}. Drop the window or change target.kind")
     for name in campaign.oracles.enabled:
         if name not in ALL_ORACLES:
             problems.append(f"oracles.enabled: unknown oracle {name!r}; known: {', '.join(sorted(ALL_ORACLES))}")

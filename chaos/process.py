@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -33,6 +34,7 @@ class ManagedProcess:
     argv: list[str]
     log_path: Path
     popen: subprocess.Popen[bytes]
+    node: str = "local"  # where it runs: "local", or the Ray node its agent lives on
 
     @property
     def pid(self) -> int:
@@ -42,8 +44,15 @@ class ManagedProcess:
     def pgid(self) -> int:
         return self.popen.pid  # start_new_session makes the child its group's leader
 
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def read_log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def signal_group(self, signum: int) -> None:
         try:
@@ -91,7 +100,7 @@ def launch(
 def wait_http_ok(
     url: str,
     timeout_s: float,
-    process: ManagedProcess | None = None,
+    process: Any = None,
     interval_s: float = 0.1,
 ) -> None:
     """Poll `url` until it answers 200; fail early if `process` dies meanwhile."""
@@ -101,8 +110,8 @@ def wait_http_ok(
         while time.monotonic() < deadline:
             if process is not None and not process.alive():
                 raise RuntimeError(
-                    f"{process.name} exited with code {process.popen.returncode} before {url} "
-                    f"answered; see {process.log_path}"
+                    f"{process.name} exited with code {process.returncode} before {url} "
+                    f"answered; its log ends:\n{process.read_log()[-2000:]}"
                 )
             try:
                 response = client.get(url)

@@ -22,7 +22,6 @@ import httpx
 import yaml
 
 from chaos.campaign import Campaign, WindowSpec
-from chaos.errors import UsageError
 from chaos.fingerprint import fingerprint
 from chaos.journal import EventKind, Journal, JournalEvent
 from chaos.load import LoadPlan, LoadOutcome, run_load, terminal_progress
@@ -32,7 +31,8 @@ from chaos.oracles.canary import MarkerCodec, new_run_prefix
 from chaos.oracles.registry import ALL_ORACLES
 from chaos.preflight import PreflightInputs, run_preflight
 from chaos.probes import Probe, build_probes, send_probe
-from chaos.targets.attach import AttachTarget
+from chaos.targets.dialect import dialect_of
+from chaos.targets.factory import attach, build_stack, launcher_for
 from chaos.targets.base import Target
 from chaos.targets.discovery import discover_facts
 from chaos.tenant_probe import run_tenant_probe
@@ -65,26 +65,6 @@ class RunOutcome:
     @property
     def exit_code(self) -> int:
         return self.verdict.exit_code
-
-
-def sim_stack_config(campaign: Campaign) -> Any:
-    """The embedded stack a campaign's `target.sim` describes."""
-    from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
-    from chaos.targets.sim.stack import RouterOptions, SimStackConfig
-
-    spec = campaign.target.sim
-    worker = WorkerSettings(
-        page_size=spec.page_size, context_length=spec.context_length, max_total_tokens=spec.max_total_tokens,
-        mem_fraction_static=spec.mem_fraction_static, prefill_tokens_per_s=spec.prefill_tokens_per_s,
-        decode_step_s=spec.decode_step_ms / 1000.0, transfer_tokens_per_s=spec.transfer_tokens_per_s,
-        kv_checksum=spec.kv_checksum, defects=tuple(spec.defects),
-        timeouts=TransferTimeouts(bootstrap_timeout_s=spec.bootstrap_timeout_s, waiting_timeout_s=spec.waiting_timeout_s,
-                                  heartbeat_interval_s=spec.heartbeat_interval_s),
-    )
-    router = RouterOptions(retries=spec.router.retries, circuit_breaker=spec.router.circuit_breaker,
-                           health_check_interval_s=spec.router.health_check_interval_s)
-    return SimStackConfig(worker=worker, prefill_overrides=dict(spec.prefill), decode_overrides=dict(spec.decode),
-                          router=router, proxied_links=spec.proxied_links)
 
 
 class Runner:
@@ -169,21 +149,13 @@ class Runner:
         assert self.journal is not None
         spec = self.campaign.target
         self.journal.append_event(JournalEvent(EventKind.PHASE, "target:start", {"kind": spec.kind}))
-        if spec.kind == "sim":
-            from chaos.targets.sim.stack import SimStack
-
-            self.stack = SimStack(sim_stack_config(self.campaign), self.run_dir)
+        if spec.kind == "attach":
+            self.target = attach(self.campaign, self.run_dir)
+        else:
+            self.stack = build_stack(self.campaign, self.run_dir, launcher_for(self.ray_address))
+            self._say(f"starting the {spec.kind} target")
             self.stack.up()
             self.target = self.stack
-        else:
-            assert spec.url is not None
-            url = spec.url.rstrip("/")
-            try:
-                httpx.get(f"{url}/v1/models", timeout=5.0, trust_env=False)
-            except httpx.HTTPError as exc:
-                raise UsageError(f"target.url: cannot reach {url} ({type(exc).__name__}); is the deployment up?") from None
-            workers = [("prefill" if i == 0 else "decode", w.rstrip("/")) for i, w in enumerate(spec.workers)]
-            self.target = AttachTarget(url, workers, self.run_dir)
         endpoints = self.target.endpoints
         self.journal.set_meta("target", {"kind": spec.kind, "router_url": endpoints.router_url,
                                          "workers": [{"role": w.role, "url": w.url} for w in endpoints.workers]})
@@ -203,7 +175,7 @@ class Runner:
             try:
                 self.stack.down()
             except Exception:
-                log.exception("stopping the embedded stack failed; `pdchaos heal %s` stops what is left", self.run_dir)
+                log.exception("stopping the target failed; `pdchaos heal %s` stops what is left", self.run_dir)
 
     # --------------------------------------------------------------------------- baseline ----
 
@@ -232,9 +204,10 @@ class Runner:
         """Empty the prefix caches (SGLang's /flush_cache; refused while requests run, absent on
         some engines: either way the probe is still sent)."""
         assert self.target is not None
-        for worker in self.target.endpoints.workers:
+        path = dialect_of(self.target).flush_cache_path
+        for worker in self.target.endpoints.workers if path else ():
             try:
-                client.post(f"{worker.url}/flush_cache", timeout=5.0)
+                client.post(f"{worker.url}{path}", timeout=5.0)
             except httpx.HTTPError:
                 pass
 

@@ -43,11 +43,9 @@ from chaos.process import launch
 from faults.base import Confirmation, Fault, FaultContext, FaultParams
 from faults.proxy import FaultSpec, ProxyStats, StreamFaults
 from faults.proxy_control import ControlClient
-from faults.signals import LogCursor, metric_total
+from faults.signals import LogCursor, transfer_failures
 from faults.undo import UndoAction
 
-TRANSFER_FAILED = "sglang:num_transfer_failed_reqs_total"
-BOOTSTRAP_FAILED = "sglang:num_bootstrap_failed_reqs_total"
 # What the real sglang-router (smg) logs when a request or a health check to a worker fails.
 ROUTER_ERROR_LINE = (
     r"request failed with server error|error sending request|returned error status|"
@@ -64,12 +62,6 @@ class FaultNotAvailable(RuntimeError):
 
 
 # ------------------------------------------------------------------------------ readings ----
-
-
-def transfer_failures(ctx: FaultContext) -> float:
-    """Failed transfers and bootstraps counted by every worker (a worker that is down counts 0)."""
-    return sum(metric_total(w.url, name) or 0.0 for w in ctx.target.endpoints.workers
-               for name in (TRANSFER_FAILED, BOOTSTRAP_FAILED))
 
 
 def router_errors(ctx: FaultContext) -> float:
@@ -253,10 +245,10 @@ class KvTransfer(ProxyFault):
         return _spec(p.direction, faults, p.probability, p.seed)
 
     def consequence_now(self, ctx: FaultContext) -> Any:
-        return transfer_failures(ctx)
+        return transfer_failures(ctx.target)
 
     def consequence(self, ctx: FaultContext, before: Any) -> tuple[bool, str]:
-        failed = max(0.0, transfer_failures(ctx) - float(before or 0.0))
+        failed = max(0.0, transfer_failures(ctx.target) - float(before or 0.0))
         return failed > 0, f"workers' failed-transfer counters +{failed:.0f}"
 
 
@@ -516,7 +508,7 @@ class NetnsPartition(Fault):
             raise FaultNotAvailable(ctx.baseline["unavailable"])
         proc = ctx.baseline["holder"]
         ctx.baseline["consequence_before"] = (
-            transfer_failures(ctx) if self.p.link == "kv_transfer" else RouterReading.now(ctx)
+            transfer_failures(ctx.target) if self.p.link == "kv_transfer" else RouterReading.now(ctx)
         )
         os.kill(proc.pid, signal.SIGUSR1)
         event = _wait_event(proc, {"installed", "error"}, HOLD_READY_S)
@@ -535,7 +527,7 @@ class NetnsPartition(Fault):
             return Confirmation(False, touched + "; no traffic crossed the partition")
         before = ctx.baseline["consequence_before"]
         if p.link == "kv_transfer":
-            failed = max(0.0, transfer_failures(ctx) - float(before))
+            failed = max(0.0, transfer_failures(ctx.target) - float(before))
             return Confirmation(failed > 0, f"{touched}; workers' failed-transfer counters +{failed:.0f}")
         errors, lines = before.since(ctx)
         return Confirmation(errors > 0 or lines > 0,

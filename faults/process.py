@@ -15,12 +15,10 @@ from typing import Literal
 
 from chaos.errors import UsageError
 from faults.base import Confirmation, Fault, FaultContext, FaultParams
-from faults.signals import LogCursor, healthy, metric_total
+from chaos.targets.dialect import dialect_of
+from faults.signals import LogCursor, healthy, transfer_failures
 from faults.undo import UndoAction, group_members, process_state
 
-TRANSFER_FAILED = "sglang:num_transfer_failed_reqs_total"
-BOOTSTRAP_FAILED = "sglang:num_bootstrap_failed_reqs_total"
-TIMEOUT_LINE = r"timed out after [0-9.]+s in KVPoll\.|Lost connection with prefill instance"
 
 
 def _groups(ctx: FaultContext, role: str) -> list[int]:
@@ -28,12 +26,6 @@ def _groups(ctx: FaultContext, role: str) -> list[int]:
     if not procs:
         raise UsageError(f"the target gives no process access to {role}: this fault needs a launched target or process ids")
     return [p.pgid for p in procs]
-
-
-def _failures(ctx: FaultContext, role: str) -> float:
-    """Failed transfers and bootstraps counted by the workers of `role`."""
-    return sum(metric_total(w.url, name) or 0.0 for w in ctx.target.endpoints.of(role)  # type: ignore[arg-type]
-               for name in (TRANSFER_FAILED, BOOTSTRAP_FAILED))
 
 
 def _peer(role: str) -> str:
@@ -58,7 +50,7 @@ class TransferStall(Fault):
     def inject(self, ctx: FaultContext) -> None:
         role = self.params.role  # type: ignore[attr-defined]
         # Only the peer can say it timed out: the stalled role answers nothing while stopped.
-        ctx.baseline["failures"] = _failures(ctx, _peer(role))
+        ctx.baseline["failures"] = transfer_failures(ctx.target, _peer(role))
         ctx.baseline["peer_log"] = LogCursor.at_end(ctx.target.logs(_peer(role)))
         for pgid in _groups(ctx, role):
             signal_group(pgid, signal.SIGSTOP)
@@ -69,8 +61,8 @@ class TransferStall(Fault):
     def confirm(self, ctx: FaultContext) -> Confirmation:
         """Stopped, and the peer really timed out on it: a stall nobody waited on proves nothing."""
         peer = _peer(self.params.role)  # type: ignore[attr-defined]
-        timeouts = ctx.baseline["peer_log"].count(ctx.target.logs(peer), TIMEOUT_LINE)
-        failed = _failures(ctx, peer) - ctx.baseline["failures"]
+        timeouts = ctx.baseline["peer_log"].count(ctx.target.logs(peer), dialect_of(ctx.target).transfer_timeout_log)
+        failed = transfer_failures(ctx.target, peer) - ctx.baseline["failures"]
         evidence = f"stopped={ctx.baseline['stopped']}, transfer timeouts in {peer} log={timeouts}, {peer} failed-transfer counters +{failed:.0f}"
         return Confirmation(bool(ctx.baseline["stopped"]) and (timeouts > 0 or failed > 0), evidence)
 

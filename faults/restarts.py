@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from chaos.errors import UsageError
 from faults.base import Confirmation, Fault, FaultContext, FaultParams
-from faults.signals import LogCursor, server_info
+from chaos.targets.dialect import WorkerLimits, dialect_of
+from faults.signals import LogCursor
 from faults.undo import UndoAction
 
 FAILURE_ENV = "SGLANG_TEST_DISAGG_FAILURE_PROB"
@@ -59,16 +60,17 @@ class MemoryFraction(Fault):
 
     def inject(self, ctx: FaultContext) -> None:
         p: MemoryParams = self.params  # type: ignore[assignment]
-        ctx.baseline["before"] = server_info(_worker_url(ctx, p.role)) or {}
+        dialect = dialect_of(ctx.target)
+        ctx.baseline["before"] = dialect.limits(_worker_url(ctx, p.role))
         ctx.target.restart(p.role, **p.changes())
-        ctx.baseline["after"] = server_info(_worker_url(ctx, p.role)) or {}
+        ctx.baseline["after"] = dialect.limits(_worker_url(ctx, p.role))
 
     def confirm(self, ctx: FaultContext) -> Confirmation:
         """The restarted role reports the new limits (re-read from the target, not assumed)."""
-        before, after = ctx.baseline.get("before", {}), ctx.baseline.get("after", {})
-        keys = ("max_total_num_tokens", "max_req_input_len", "context_length")
-        changed = [k for k in keys if before.get(k) != after.get(k) and after.get(k) is not None]
-        evidence = ", ".join(f"{k}: {before.get(k)} -> {after.get(k)}" for k in keys)
+        before, after = ctx.baseline.get("before", WorkerLimits()), ctx.baseline.get("after", WorkerLimits())
+        keys = ("pool_tokens", "max_input_tokens", "context_length")
+        changed = [k for k in keys if getattr(before, k) != getattr(after, k) and getattr(after, k) is not None]
+        evidence = ", ".join(f"{k}: {getattr(before, k)} -> {getattr(after, k)}" for k in keys)
         return Confirmation(bool(changed), evidence)
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from chaos.facts import parse_prometheus_text
+from chaos.targets.dialect import dialect_of
 
 TIMEOUT_S = 3.0
 
@@ -20,6 +22,13 @@ def metric_total(url: str, name: str) -> float | None:
         return None
     samples = [s for s in parse_prometheus_text(text) if s.name == name]
     return sum(s.value for s in samples) if samples else None
+
+
+def transfer_failures(target: Any, role: str | None = None) -> float:
+    """Failed KV transfers counted by the workers (of `role`, else all), in the target's dialect;
+    a worker that is down counts 0."""
+    dialect = dialect_of(target)
+    return sum(dialect.transfer_failures(w.url) or 0.0 for w in target.endpoints.workers if role in (None, w.role))
 
 
 def healthy(url: str, timeout_s: float = TIMEOUT_S) -> bool:

@@ -48,10 +48,9 @@ from chaos.oracles.canary import (
 )
 from faults.base import Confirmation, Fault, FaultContext, FaultParams
 from faults.links import FaultNotAvailable
-from faults.signals import metric_total, server_info
+from chaos.targets.dialect import dialect_of
 from faults.undo import UndoAction
 
-ABORTED = "sglang:num_aborted_requests_total"
 FAULT_INDEX_BASE = 1_000_000_000  # far above the load's indices (it counts up from 10 000)
 INDEX_SPAN = 100_000  # indices one window may use
 INDEX_SLOTS = (MAX_REQUEST_INDEX - FAULT_INDEX_BASE) // INDEX_SPAN
@@ -301,7 +300,8 @@ async def send(client: httpx.AsyncClient, url: str, ex: Exchange, first_token: a
 
 
 def aborted_total(ctx: FaultContext) -> float:
-    return sum(metric_total(w.url, ABORTED) or 0.0 for w in ctx.target.endpoints.workers)
+    dialect = dialect_of(ctx.target)
+    return sum(dialect.aborted(w.url) or 0.0 for w in ctx.target.endpoints.workers)
 
 
 def _client() -> httpx.AsyncClient:
@@ -385,8 +385,8 @@ class ClientAbort(TrafficFault):
         return self.params  # type: ignore[return-value]
 
     def _context_length(self, ctx: FaultContext) -> int | None:
-        lengths = [info.get("context_length") for w in ctx.target.endpoints.workers
-                   if (info := server_info(w.url)) and isinstance(info.get("context_length"), int)]
+        dialect = dialect_of(ctx.target)
+        lengths = [n for w in ctx.target.endpoints.workers if (n := dialect.limits(w.url).context_length) is not None]
         return min(lengths) if lengths else None
 
     def inject(self, ctx: FaultContext) -> None:
@@ -477,7 +477,7 @@ class ClientAbort(TrafficFault):
         evidence = (f"{self.p.method} {when} ({self.p.phase}; {plan.describe() if plan else 'no plan'}): "
                     f"{len(ended)}/{len(exchanges)} ended as {'a disconnect' if self.p.method == 'disconnect' else 'an abort'} "
                     f"({', '.join(f'{k} x{v}' for k, v in sorted(outcomes.items()))}); "
-                    f"workers' {ABORTED} +{max(rose, 0):.0f}")
+                    f"workers' aborted-request counters +{max(rose, 0):.0f}")
         return Confirmation(bool(ended) and rose > 0, evidence)
 
     def _ended_as_abort(self, ex: Exchange) -> bool:
@@ -548,20 +548,6 @@ def tokens_in_message(message: str) -> int | None:
     return int(match.group(1) or match.group(2)) if match else None
 
 
-def worker_limits(url: str) -> tuple[int | None, int | None, int | None]:
-    """(pool, context, max_req_input_len) a worker reports; None where it says nothing."""
-    info = server_info(url) or {}
-    pool, context, max_input = (info.get(k) for k in ("max_total_num_tokens", "context_length", "max_req_input_len"))
-    if not isinstance(context, int):
-        try:
-            cards = httpx.get(f"{url}/v1/models", timeout=CONTROL_TIMEOUT_S, trust_env=False).json().get("data", [])
-            context = next((c["max_model_len"] for c in cards if isinstance(c.get("max_model_len"), int)), None)
-        except (httpx.HTTPError, ValueError, AttributeError):
-            context = None
-    return (pool if isinstance(pool, int) else None, context if isinstance(context, int) else None,
-            max_input if isinstance(max_input, int) else None)
-
-
 def plan_thresholds(limits: list[tuple[int | None, int | None, int | None]]) -> list[Threshold]:
     """Just over every limit any worker reports (asymmetric pools give one size per worker)."""
     contexts = [c for _, c, _ in limits if c is not None]
@@ -593,7 +579,8 @@ class OverLengthBurst(TrafficFault):
         self._setup(ctx)
         workers = ctx.target.endpoints.workers
         urls = [w.url for w in workers] or [ctx.target.endpoints.router_url]
-        thresholds = plan_thresholds([worker_limits(u) for u in urls])
+        dialect = dialect_of(ctx.target)
+        thresholds = plan_thresholds([dialect.limits(u).as_tuple() for u in urls])
         if not thresholds:
             raise FaultNotAvailable("the target reports no pool size or context length (/server_info, /v1/models)")
         ctx.baseline["thresholds"] = thresholds

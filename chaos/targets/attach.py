@@ -16,6 +16,7 @@ class AttachTarget:
     router_url: str
     worker_urls: list[tuple[str, str]] = field(default_factory=list)  # (role, url)
     run_dir: Path = Path(".")
+    processes_given: list[Any] = field(default_factory=list)  # campaign AttachedProcess entries
     kind: str = "attach"
 
     @property

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from chaos.process import ManagedProcess
+from chaos.targets.launcher import PlannedCommand
 
 WorkerRole = Literal["prefill", "decode"]
 
@@ -80,3 +81,15 @@ class Target(Protocol):
         ...
 
     def logs(self, role: str) -> str: ...
+
+
+class Stack(Target, Protocol):
+    """A target the suite launches itself, and so can also plan, start and stop."""
+
+    def plan(self) -> list[PlannedCommand]:
+        """Every process it would start, fully resolved (`pdchaos plan` prints these)."""
+        ...
+
+    def up(self) -> Endpoints: ...
+
+    def down(self) -> None: ...

@@ -22,12 +22,16 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chaos.process import ManagedProcess, free_port, kill_group, launch, pid_alive, wait_http_ok
+from chaos.process import free_port, kill_group, pid_alive, wait_http_ok
 from chaos.targets.base import Endpoints, ProcessRef, TargetState, WorkerEndpoint
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
+from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand, ProcessHandle
 from chaos.targets.sim.worker import command_for, env_for
+
+if TYPE_CHECKING:
+    from chaos.campaign import SimSpec
 
 LOOPBACK = "127.0.0.1"
 ROUTER_ENV = {"HF_ENDPOINT": "http://127.0.0.1:9", "RUST_LOG": "info"}
@@ -83,6 +87,22 @@ class SimStackConfig:
         return replace(self.worker, role=role, host=LOOPBACK, port=port, bootstrap_port=bootstrap_port, **overrides)
 
 
+def sim_stack_config(spec: SimSpec) -> SimStackConfig:
+    """The embedded stack a campaign's `target.sim` section describes."""
+    worker = WorkerSettings(
+        page_size=spec.page_size, context_length=spec.context_length, max_total_tokens=spec.max_total_tokens,
+        mem_fraction_static=spec.mem_fraction_static, prefill_tokens_per_s=spec.prefill_tokens_per_s,
+        decode_step_s=spec.decode_step_ms / 1000.0, transfer_tokens_per_s=spec.transfer_tokens_per_s,
+        kv_checksum=spec.kv_checksum, defects=tuple(spec.defects),
+        timeouts=TransferTimeouts(bootstrap_timeout_s=spec.bootstrap_timeout_s, waiting_timeout_s=spec.waiting_timeout_s,
+                                  heartbeat_interval_s=spec.heartbeat_interval_s),
+    )
+    router = RouterOptions(retries=spec.router.retries, circuit_breaker=spec.router.circuit_breaker,
+                           health_check_interval_s=spec.router.health_check_interval_s)
+    return SimStackConfig(worker=worker, prefill_overrides=dict(spec.prefill), decode_overrides=dict(spec.decode),
+                          router=router, proxied_links=spec.proxied_links)
+
+
 def router_command(options: RouterOptions, port: int, metrics_port: int, prefill_url: str, bootstrap_port: int, decode_url: str) -> list[str]:
     argv = [
         sys.executable, "-m", "sglang_router.launch_router",
@@ -108,13 +128,14 @@ class SimStack:
 
     kind = "sim"
 
-    def __init__(self, config: SimStackConfig, run_dir: Path) -> None:
+    def __init__(self, config: SimStackConfig, run_dir: Path, launcher: Launcher | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
+        self.launcher = launcher or LocalLauncher()
         self.log_dir = run_dir / "logs"
         self.settings: dict[str, WorkerSettings] = {}
         self.extra_env: dict[str, dict[str, str]] = {}  # per role, over the settings' own env
-        self.procs: dict[str, ManagedProcess] = {}
+        self.procs: dict[str, ProcessHandle] = {}
         self._router_options = config.router
         self._ports: dict[str, int] = {}
         self.proxies: dict[str, ProxyHandle] = {}  # link name -> proxy (proxied_links only)
@@ -149,7 +170,7 @@ class SimStack:
     def _start_worker(self, role: str, settings: WorkerSettings) -> None:
         self.settings[role] = settings
         env = {**env_for(settings.timeouts), **self.extra_env.get(role, {})}
-        self.procs[role] = launch(role, command_for(settings), self.log_dir / f"{role}.log", env)
+        self.procs[role] = self.launcher.launch(PlannedCommand(role, role, command_for(settings), self.log_dir / f"{role}.log", env))
 
     def _start_proxies(self) -> None:
         upstreams = {
@@ -162,7 +183,7 @@ class SimStack:
             name = PROXY_PREFIX + link
             argv = [sys.executable, "-m", "faults.proxy", "--listen", f"{LOOPBACK}:0",
                     "--upstream", f"{LOOPBACK}:{upstreams[link]}", "--control", f"{LOOPBACK}:0"]
-            self.procs[name] = launch(name, argv, self.log_dir / f"{name}.log")
+            self.procs[name] = self.launcher.launch(PlannedCommand(name, "router", argv, self.log_dir / f"{name}.log"))
         for link in PROXY_LINKS:
             proc = self.procs[PROXY_PREFIX + link]
             ready = _wait_proxy_ready(proc, self.config.startup_timeout_s)
@@ -179,7 +200,7 @@ class SimStack:
             self._router_options, self._ports["router"], self._ports["router_metrics"],
             self._router_worker_url("prefill"), self._ports["bootstrap"], self._router_worker_url("decode"),
         )
-        self.procs["router"] = launch("router", argv, self.log_dir / "router.log", ROUTER_ENV)
+        self.procs["router"] = self.launcher.launch(PlannedCommand("router", "router", argv, self.log_dir / "router.log", ROUTER_ENV))
         wait_http_ok(self.router_url + "/readiness", self.config.startup_timeout_s, self.procs["router"])
 
     def down(self) -> None:
@@ -232,7 +253,7 @@ class SimStack:
             router_metrics_url=f"http://{LOOPBACK}:{self._ports['router_metrics']}/metrics",
         )
 
-    def processes(self, role: str) -> list[ManagedProcess]:
+    def processes(self, role: str) -> list[ProcessHandle]:  # type: ignore[override]
         return [p for name, p in self.procs.items() if name == role]
 
     def role_settings(self, role: str) -> dict[str, Any]:
@@ -242,6 +263,9 @@ class SimStack:
         return {**dataclasses.asdict(self.settings[role]), "env": dict(self.extra_env.get(role, {}))}
 
     def logs(self, role: str) -> str:
+        proc = self.procs.get(role)
+        if proc is not None:
+            return proc.read_log()
         path = self.log_dir / f"{role}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
@@ -256,7 +280,7 @@ class SimStack:
             kind=self.kind,
             endpoints=self.endpoints,
             processes=[
-                ProcessRef(name, "proxy" if name.startswith(PROXY_PREFIX) else name, p.pid, p.pgid, str(p.log_path))
+                ProcessRef(name, "proxy" if name.startswith(PROXY_PREFIX) else name, p.pid, p.pgid, str(self.log_dir / f"{name}.log"))
                 for name, p in self.procs.items() if p.alive()
             ],
         )
@@ -265,11 +289,11 @@ class SimStack:
         self.state_path(self.run_dir).write_text(json.dumps(data, indent=2))
 
 
-def _wait_proxy_ready(proc: ManagedProcess, timeout_s: float) -> dict[str, Any]:
+def _wait_proxy_ready(proc: ProcessHandle, timeout_s: float) -> dict[str, Any]:
     """The JSON line a standalone proxy prints once it listens (it names its own pid)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        text = proc.log_path.read_text(errors="replace") if proc.log_path.exists() else ""
+        text = proc.read_log()
         for line in text.splitlines():
             if line.startswith("{"):
                 try:
@@ -279,9 +303,9 @@ def _wait_proxy_ready(proc: ManagedProcess, timeout_s: float) -> dict[str, Any]:
                 if ready.get("pid") == proc.pid and ready.get("listen") and ready.get("control"):
                     return ready
         if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited with code {proc.popen.returncode} before it listened; see {proc.log_path}")
+            raise RuntimeError(f"{proc.name} exited with code {proc.returncode} before it listened; see its log:\n{proc.read_log()[-2000:]}")
         time.sleep(0.05)
-    raise TimeoutError(f"{proc.name} did not report its ports within {timeout_s:.0f}s; see {proc.log_path}")
+    raise TimeoutError(f"{proc.name} did not report its ports within {timeout_s:.0f}s; its log ends:\n{proc.read_log()[-2000:]}")
 
 
 def stop_from_state(run_dir: Path) -> list[str]:

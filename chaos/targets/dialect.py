@@ -1,0 +1,96 @@
+"""How an engine says what a fault needs to know: its limits, failed transfers, aborts, cache reset.
+
+Faults and the runner read a target through its dialect instead of hard-coding one engine's metric
+names and log lines, so the same fault confirms itself on SGLang (and the embedded engine, which
+speaks SGLang's formats) and on vLLM. A target names its dialect in its `dialect` attribute;
+targets without one (attached by URL) are read as SGLang, whose endpoints they most often have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from chaos.facts import parse_prometheus_text
+
+TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    """What a worker admits, as it reports it; None where it says nothing."""
+
+    pool_tokens: int | None = None  # KV pool size (SGLang max_total_num_tokens)
+    context_length: int | None = None
+    max_input_tokens: int | None = None  # SGLang max_req_input_len
+
+    def as_tuple(self) -> tuple[int | None, int | None, int | None]:
+        return self.pool_tokens, self.context_length, self.max_input_tokens
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def get_json(url: str, timeout_s: float = TIMEOUT_S) -> Any:
+    """The JSON body of a 200 answer, else None (unreachable, other status, not JSON)."""
+    try:
+        response = httpx.get(url, timeout=timeout_s, trust_env=False)
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def metric_sum(url: str, names: tuple[str, ...]) -> float | None:
+    """Sum of the named metrics over all their label sets at `url`/metrics; None when none is there."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=TIMEOUT_S, trust_env=False).text
+    except httpx.HTTPError:
+        return None
+    values = [s.value for s in parse_prometheus_text(text) if s.name in names]
+    return sum(values) if values else None
+
+
+def models_max_len(url: str) -> int | None:
+    """`max_model_len` of the first model card at /v1/models (SGLang and vLLM both give it)."""
+    payload = get_json(f"{url}/v1/models")
+    cards = payload.get("data", []) if isinstance(payload, dict) else []
+    return next((n for c in cards if isinstance(c, dict) and (n := _int(c.get("max_model_len"))) is not None), None)
+
+
+class EngineDialect:
+    """SGLang's formats (sglang-facts.md); other engines subclass and override what differs."""
+
+    name = "sglang"
+    # Counters a worker keeps of KV transfers that failed (on either side of the handoff).
+    transfer_failure_metrics: tuple[str, ...] = ("sglang:num_transfer_failed_reqs_total",
+                                                 "sglang:num_bootstrap_failed_reqs_total")
+    # A line in a worker's log saying its peer did not deliver or answer in time.
+    transfer_timeout_log = r"timed out after [0-9.]+s in KVPoll\.|Lost connection with prefill instance"
+    aborted_metrics: tuple[str, ...] = ("sglang:num_aborted_requests_total",)
+    flush_cache_path: str | None = "/flush_cache"  # POST; empties the prefix cache when idle
+    abort_path: str | None = "/abort_request"  # POST {"rid": ...}
+
+    def limits(self, url: str) -> WorkerLimits:
+        info = get_json(f"{url}/server_info")
+        info = info if isinstance(info, dict) else {}
+        context = _int(info.get("context_length"))
+        return WorkerLimits(_int(info.get("max_total_num_tokens")),
+                            context if context is not None else models_max_len(url),
+                            _int(info.get("max_req_input_len")))
+
+    def transfer_failures(self, url: str) -> float | None:
+        return metric_sum(url, self.transfer_failure_metrics)
+
+    def aborted(self, url: str) -> float | None:
+        return metric_sum(url, self.aborted_metrics)
+
+
+SGLANG = EngineDialect()
+
+
+def dialect_of(target: Any) -> EngineDialect:
+    dialect = getattr(target, "dialect", None)
+    return dialect if isinstance(dialect, EngineDialect) else SGLANG

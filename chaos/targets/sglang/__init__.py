@@ -1,0 +1,1 @@
+"""A real SGLang PD deployment: prefill and decode servers, Mooncake between them, the router in front."""
