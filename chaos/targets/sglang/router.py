@@ -1,0 +1,57 @@
+"""The SGLang router in PD mode (`sglang_router.launch_router --pd-disaggregation`), as one argv.
+
+The embedded stack and the SGLang stack start the same router the same way, so its flags live here
+once. Retries and the circuit breaker are off by default: the router retries 5xx with a new pair
+and a new bootstrap room, and opens its breakers after repeated failures, so a transfer fault
+would be retried away or turned into 503s the suite never sees (sglang-facts.md §2,
+components.md §3).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "bucket", "manual",
+                   "consistent_hashing", "prefix_hash")
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    retries: bool = False
+    circuit_breaker: bool = False
+    policy: str = "round_robin"
+    health_check_interval_s: int = 5  # the router's own default is 60 s: a dead worker would go unseen for a minute
+    health_failure_threshold: int = 2
+    request_timeout_s: int = 1800
+    max_retries: int | None = None  # --retry-max-retries, with retries on (the router's default is 5)
+    cb_failure_threshold: int | None = None  # --cb-failure-threshold, with the breaker on (default 10)
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+def router_command(options: RouterOptions, port: int, metrics_port: int, prefill_url: str, bootstrap_port: int | None,
+                   decode_url: str, host: str = "127.0.0.1", python: str | None = None) -> list[str]:
+    """argv of the router; `bootstrap_port` None lets prefill's own --disaggregation-bootstrap-port apply."""
+    argv = [
+        python or sys.executable, "-m", "sglang_router.launch_router",
+        "--host", host, "--port", str(port), "--pd-disaggregation",
+        "--prefill", prefill_url, *([str(bootstrap_port)] if bootstrap_port is not None else []),
+        "--decode", decode_url,
+        "--policy", options.policy,
+        # Its Prometheus port defaults to 29000 whatever --port says: always set it.
+        "--prometheus-host", host, "--prometheus-port", str(metrics_port),
+        "--worker-startup-check-interval", "1",
+        "--health-check-interval-secs", str(options.health_check_interval_s),
+        "--health-failure-threshold", str(options.health_failure_threshold),
+        "--health-success-threshold", "1",
+        "--request-timeout-secs", str(options.request_timeout_s),
+    ]
+    if not options.retries:
+        argv.append("--disable-retries")
+    elif options.max_retries is not None:
+        argv += ["--retry-max-retries", str(options.max_retries)]
+    if not options.circuit_breaker:
+        argv.append("--disable-circuit-breaker")
+    elif options.cb_failure_threshold is not None:
+        argv += ["--cb-failure-threshold", str(options.cb_failure_threshold)]
+    return argv + list(options.extra_args)
