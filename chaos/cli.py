@@ -14,13 +14,13 @@ import sys
 from collections.abc import Sequence
 
 from chaos import __version__
-from chaos.errors import UsageError
+from chaos.errors import TargetError, UsageError
 
 EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from chaos import cli_canary, cli_heal, cli_load, cli_preflight, cli_report, cli_run, cli_sim
+    from chaos import cli_canary, cli_heal, cli_load, cli_plan, cli_preflight, cli_report, cli_run, cli_sim
 
     parser = argparse.ArgumentParser(
         prog="pdchaos",
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pdchaos {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
-    for module in (cli_run, cli_report, cli_sim, cli_load, cli_preflight, cli_canary, cli_heal):
+    for module in (cli_run, cli_plan, cli_report, cli_sim, cli_load, cli_preflight, cli_canary, cli_heal):
         module.register(commands)
     return parser
 
@@ -41,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except UsageError as exc:
         print(f"pdchaos: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TargetError as exc:  # the target could not be started or reached: a setup problem
+        print(f"pdchaos: target error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

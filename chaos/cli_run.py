@@ -16,7 +16,9 @@ def register(commands: Any) -> None:
     run.add_argument("campaign", type=Path, help="campaign YAML (see campaigns/ and `pdchaos schema`)")
     run.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<campaign>-<time>)")
     run.add_argument("--seed", type=int, default=None, help="override the campaign's seed")
-    run.add_argument("--ray-address", default=None, help="join this Ray cluster for the load actors")
+    run.add_argument("--ray-address", default=None,
+                     help="join this Ray cluster: prefill and decode start on the nodes offering the pdchaos_prefill and "
+                          "pdchaos_decode resources, load actors on pdchaos_load nodes (docs/real-sglang.md)")
     run.add_argument("--defect", action="append", default=None, metavar="NAME",
                      help="embedded engine only: turn on this defect (repeat; replaces the campaign's list)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -14,7 +14,8 @@ from typing import Any
 from chaos.errors import UsageError
 from chaos.targets.sim.defects import DEFECTS
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
-from chaos.targets.sim.stack import RouterOptions, SimStack, SimStackConfig, stop_from_state
+from chaos.targets.sim.stack import RouterOptions, SimStack, SimStackConfig
+from chaos.targets.state import state_path, stop_from_state
 
 DEFAULT_STATE_DIR = Path(".pdchaos/sim")
 
@@ -78,7 +79,7 @@ def config_from_args(args: argparse.Namespace) -> SimStackConfig:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    if SimStack.state_path(args.dir).exists():
+    if state_path(args.dir).exists():
         raise UsageError(f"a stack already runs from {args.dir}; stop it with `pdchaos sim down --dir {args.dir}`")
     config = config_from_args(args)
     stack = SimStack(config, args.dir)
@@ -122,7 +123,7 @@ def run_defects(_: argparse.Namespace) -> int:
 
 
 def run_down(args: argparse.Namespace) -> int:
-    if not SimStack.state_path(args.dir).exists():
+    if not state_path(args.dir).exists():
         print(f"no stack recorded in {args.dir}; nothing to stop")
         return 0
     for line in stop_from_state(args.dir):

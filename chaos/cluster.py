@@ -169,6 +169,23 @@ def locust_request_count(stats: list[dict[str, Any]]) -> int:
     return sum(int(entry.get("num_requests", 0)) for entry in stats)
 
 
+def connect_ray(address: str | None) -> tuple[bool, Any]:
+    """Join (or, without an address, start) Ray on loopback; (whether this call connected, ray)."""
+    os.environ.update(RAY_ENV)
+    import ray
+
+    if ray.is_initialized():
+        return False, ray
+    ray.init(
+        address=address,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": dict(RAY_ENV)},
+    )
+    return True, ray
+
+
 class LoadCluster:
     """A Ray session (local on loopback, or joined by address) holding the load actors."""
 
@@ -178,23 +195,13 @@ class LoadCluster:
         self.names: list[str] = []
 
     def __enter__(self) -> LoadCluster:
-        os.environ.update(RAY_ENV)
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(
-                address=self.ray_address,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-                runtime_env={"env_vars": dict(RAY_ENV)},
-            )
-        self._ray = ray
+        self._owns_ray, self._ray = connect_ray(self.ray_address)
         return self
 
     def __exit__(self, *_: object) -> None:
         self.stop_all()
-        self._ray.shutdown()
+        if self._owns_ray:  # a Ray session the target's launcher opened outlives the load
+            self._ray.shutdown()
 
     def start(self, configs: list[LoadConfig], workdir: str | None = None) -> None:
         ray = self._ray

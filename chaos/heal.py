@@ -12,7 +12,7 @@ from pathlib import Path
 
 from chaos.errors import UsageError
 from chaos.journal import JOURNAL_FILENAME, EventKind, Journal, JournalEvent
-from chaos.targets.sim.stack import SimStack, stop_from_state
+from chaos.targets.state import state_path, stop_from_state
 from faults.undo import UndoAction, leftovers, perform
 
 
@@ -47,7 +47,7 @@ def pending_plans(journal: Journal) -> dict[str, PendingWindow]:
 
 
 def heal_run(run_dir: Path) -> HealReport:
-    if not (run_dir / JOURNAL_FILENAME).exists() and not SimStack.state_path(run_dir).exists():
+    if not (run_dir / JOURNAL_FILENAME).exists() and not state_path(run_dir).exists():
         raise UsageError(f"{run_dir} holds no journal or target state: pass the run directory a `pdchaos run` or `pdchaos load` wrote")
     report = HealReport()
     plans: dict[str, PendingWindow] = {}

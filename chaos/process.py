@@ -54,6 +54,10 @@ class ManagedProcess:
     def read_log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def group_states(self) -> dict[int, str]:
+        """pid -> one-letter state (T = stopped, Z = zombie) of every live member of its group."""
+        return {pid: state for pid in group_members(self.pgid) if (state := process_state(pid)) is not None}
+
     def signal_group(self, signum: int) -> None:
         try:
             os.killpg(self.pgid, signum)
@@ -122,6 +126,30 @@ def wait_http_ok(
                 last_error = type(exc).__name__
             time.sleep(interval_s)
     raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f}s (last: {last_error})")
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of a process from /proc (T = stopped), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:
+                members.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return members
 
 
 def pid_alive(pid: int) -> bool:

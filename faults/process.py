@@ -7,25 +7,30 @@ up and frees (or, correctly, quarantines) the pages, then the sender wakes and w
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from chaos.errors import UsageError
-from faults.base import Confirmation, Fault, FaultContext, FaultParams
 from chaos.targets.dialect import dialect_of
+from faults.base import Confirmation, Fault, FaultContext, FaultParams
 from faults.signals import LogCursor, healthy, transfer_failures
-from faults.undo import UndoAction, group_members, process_state
+from faults.undo import UndoAction
 
 
 
-def _groups(ctx: FaultContext, role: str) -> list[int]:
+def _procs(ctx: FaultContext, role: str) -> list[Any]:
+    """The role's process groups, as handles that act beside them (on their Ray node, if remote)."""
     procs = ctx.target.processes(role)
     if not procs:
         raise UsageError(f"the target gives no process access to {role}: this fault needs a launched target or process ids")
-    return [p.pgid for p in procs]
+    return procs
+
+
+def _all_stopped(procs: list[Any]) -> bool:
+    states = [s for p in procs for s in p.group_states().values()]
+    return bool(states) and all(s == "T" for s in states)
 
 
 def _peer(role: str) -> str:
@@ -45,18 +50,17 @@ class TransferStall(Fault):
 
     def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
         role = self.params.role  # type: ignore[attr-defined]
-        return [UndoAction("sigcont", role=role, pgid=pgid) for pgid in _groups(ctx, role)]
+        return [UndoAction("sigcont", role=role, pgid=p.pgid) for p in _procs(ctx, role)]
 
     def inject(self, ctx: FaultContext) -> None:
         role = self.params.role  # type: ignore[attr-defined]
         # Only the peer can say it timed out: the stalled role answers nothing while stopped.
         ctx.baseline["failures"] = transfer_failures(ctx.target, _peer(role))
         ctx.baseline["peer_log"] = LogCursor.at_end(ctx.target.logs(_peer(role)))
-        for pgid in _groups(ctx, role):
-            signal_group(pgid, signal.SIGSTOP)
-        ctx.baseline["stopped"] = all(
-            process_state(pid) == "T" for pgid in _groups(ctx, role) for pid in group_members(pgid)
-        )
+        procs = _procs(ctx, role)
+        for proc in procs:
+            proc.signal_group(signal.SIGSTOP)
+        ctx.baseline["stopped"] = _all_stopped(procs)
 
     def confirm(self, ctx: FaultContext) -> Confirmation:
         """Stopped, and the peer really timed out on it: a stall nobody waited on proves nothing."""
@@ -65,13 +69,6 @@ class TransferStall(Fault):
         failed = transfer_failures(ctx.target, peer) - ctx.baseline["failures"]
         evidence = f"stopped={ctx.baseline['stopped']}, transfer timeouts in {peer} log={timeouts}, {peer} failed-transfer counters +{failed:.0f}"
         return Confirmation(bool(ctx.baseline["stopped"]) and (timeouts > 0 or failed > 0), evidence)
-
-
-def signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        pass
 
 
 @dataclass(frozen=True)
@@ -89,15 +86,15 @@ class ProcessKill(Fault):
     def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
         p: KillParams = self.params  # type: ignore[assignment]
         if p.signal == "STOP":
-            return [UndoAction("sigcont", role=p.role, pgid=pgid) for pgid in _groups(ctx, p.role)]
+            return [UndoAction("sigcont", role=p.role, pgid=proc.pgid) for proc in _procs(ctx, p.role)]
         return [UndoAction("revive_role", role=p.role)]
 
     def inject(self, ctx: FaultContext) -> None:
         p: KillParams = self.params  # type: ignore[assignment]
-        groups = _groups(ctx, p.role)
-        ctx.baseline["groups"] = groups
-        for pgid in groups:
-            signal_group(pgid, getattr(signal, f"SIG{p.signal}"))
+        procs = _procs(ctx, p.role)
+        ctx.baseline["procs"] = procs
+        for proc in procs:
+            proc.signal_group(getattr(signal, f"SIG{p.signal}"))
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline and not self._took_effect(ctx):
             time.sleep(0.1)
@@ -106,10 +103,10 @@ class ProcessKill(Fault):
 
     def _took_effect(self, ctx: FaultContext) -> bool:
         p: KillParams = self.params  # type: ignore[assignment]
-        members = [pid for pgid in ctx.baseline["groups"] for pid in group_members(pgid)]
+        procs = ctx.baseline["procs"]
         if p.signal == "STOP":
-            return bool(members) and all(process_state(pid) == "T" for pid in members)
-        return all(process_state(pid) in (None, "Z") for pid in members)
+            return _all_stopped(procs)
+        return all(s == "Z" for proc in procs for s in proc.group_states().values())
 
     def _role_healthy(self, ctx: FaultContext) -> bool:
         p: KillParams = self.params  # type: ignore[assignment]

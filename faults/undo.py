@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import httpx
 
-from chaos.process import kill_group, pid_alive
+from chaos.process import group_members, kill_group, pid_alive, process_state
 
 UndoKind = Literal["sigcont", "restart_role", "revive_role", "clear_proxy", "stop_pid"]
 
@@ -51,33 +51,13 @@ class UndoAction:
         return f"stop process {self.pid}"
 
 
-def process_state(pid: int) -> str | None:
-    """The one-letter state of a process from /proc (T = stopped), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:
-                members.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            continue
-    return members
-
-
 def perform(action: UndoAction, target: Any | None) -> str:
     """Do one undo step; `target` is the live target, or None when healing a dead run."""
     if action.kind == "sigcont" and action.pgid is not None:
+        handle = _handle(target, action)
+        if handle is not None:  # beside the process, wherever its node is
+            handle.signal_group(signal.SIGCONT)
+            return action.describe()
         try:
             os.killpg(action.pgid, signal.SIGCONT)
         except ProcessLookupError:
@@ -112,9 +92,16 @@ def perform(action: UndoAction, target: Any | None) -> str:
     return f"nothing to do for {action.kind}"
 
 
+def _handle(target: Any | None, action: UndoAction) -> Any | None:
+    """The live target's handle of the action's process group, if the target is there to ask."""
+    if target is None or action.role is None:
+        return None
+    return next((p for p in target.processes(action.role) if p.pgid == action.pgid), None)
+
+
 def role_alive(target: Any, role: str) -> bool:
     procs = target.processes(role)
-    return bool(procs) and all(p.alive() and process_state(p.pid) not in (None, "Z") for p in procs)
+    return bool(procs) and all(p.alive() and p.group_states().get(p.pid) not in (None, "Z") for p in procs)
 
 
 def _settings_differ(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
@@ -126,7 +113,10 @@ def leftovers(plan: list[UndoAction], target: Any | None) -> list[str]:
     problems = []
     for action in plan:
         if action.kind == "sigcont" and action.pgid is not None:
-            stopped = [pid for pid in group_members(action.pgid) if process_state(pid) == "T"]
+            handle = _handle(target, action)
+            states = handle.group_states() if handle is not None else {
+                pid: process_state(pid) for pid in group_members(action.pgid)}
+            stopped = [pid for pid, state in states.items() if state == "T"]
             if stopped:
                 problems.append(f"process group {action.pgid} ({action.role}) still has stopped processes {stopped}")
         elif action.kind == "stop_pid" and action.pid is not None and pid_alive(action.pid):

@@ -13,7 +13,8 @@ import pytest
 
 from chaos.journal import Journal, JournalError
 from chaos.process import pid_alive
-from chaos.targets.sim.stack import SimStack, stop_from_state
+from chaos.targets.sim.stack import SimStack
+from chaos.targets.state import stop_from_state
 from faults.undo import group_members, process_state
 from tests.conftest import wait_until
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from chaos.journal import Journal, JournalError
-from chaos.targets.sim.stack import stop_from_state
+from chaos.targets.state import stop_from_state
 from chaos.windows import windows_from_events
 from faults.undo import group_members, process_state
 from tests.conftest import wait_until

@@ -12,9 +12,11 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from chaos.process import launch
+from chaos.process import free_port, launch
+
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,24 @@ class ProcessHandle(Protocol):
 class Launcher(Protocol):
     def launch(self, command: PlannedCommand) -> ProcessHandle: ...
 
+    def host(self, role: str) -> str:
+        """The address a role's servers bind and advertise (loopback here, the node's IP on Ray)."""
+        ...
+
+    def free_port(self, role: str) -> int:
+        """A port nobody listens on, on the role's node."""
+        ...
+
     def placement(self, role: str) -> str:
         """Where a role's processes go, in words ("this machine", "Ray node abc (pdchaos_prefill)")."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What `pdchaos heal` needs to reach the processes from another process (target.json)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the launcher holds (agents on other nodes); its processes are stopped first."""
         ...
 
 
@@ -72,5 +90,17 @@ class LocalLauncher:
     def launch(self, command: PlannedCommand) -> ProcessHandle:
         return launch(command.name, command.argv, command.log_path, command.env)
 
+    def host(self, role: str) -> str:
+        return LOOPBACK
+
+    def free_port(self, role: str) -> int:
+        return free_port(LOOPBACK)
+
     def placement(self, role: str) -> str:
         return "this machine"
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass

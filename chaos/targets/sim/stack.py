@@ -24,11 +24,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaos.process import free_port, kill_group, pid_alive, wait_http_ok
-from chaos.targets.base import Endpoints, ProcessRef, TargetState, WorkerEndpoint
+from chaos.process import wait_http_ok
+from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand, ProcessHandle
 from chaos.targets.sim.worker import command_for, env_for
+from chaos.targets.state import clear_state, state_path, write_state
 
 if TYPE_CHECKING:
     from chaos.campaign import SimSpec
@@ -82,9 +83,9 @@ class SimStackConfig:
     # Put a fault proxy on router->prefill, router->decode and the KV transfer link (faults/links.py).
     proxied_links: bool = False
 
-    def settings_for(self, role: str, port: int, bootstrap_port: int) -> WorkerSettings:
+    def settings_for(self, role: str, port: int, bootstrap_port: int, host: str = LOOPBACK) -> WorkerSettings:
         overrides = self.prefill_overrides if role == "prefill" else self.decode_overrides
-        return replace(self.worker, role=role, host=LOOPBACK, port=port, bootstrap_port=bootstrap_port, **overrides)
+        return replace(self.worker, role=role, host=host, port=port, bootstrap_port=bootstrap_port, **overrides)
 
 
 def sim_stack_config(spec: SimSpec) -> SimStackConfig:
@@ -103,13 +104,14 @@ def sim_stack_config(spec: SimSpec) -> SimStackConfig:
                           router=router, proxied_links=spec.proxied_links)
 
 
-def router_command(options: RouterOptions, port: int, metrics_port: int, prefill_url: str, bootstrap_port: int, decode_url: str) -> list[str]:
+def router_command(options: RouterOptions, port: int, metrics_port: int, prefill_url: str, bootstrap_port: int, decode_url: str,
+                   host: str = LOOPBACK) -> list[str]:
     argv = [
         sys.executable, "-m", "sglang_router.launch_router",
-        "--host", LOOPBACK, "--port", str(port), "--pd-disaggregation",
+        "--host", host, "--port", str(port), "--pd-disaggregation",
         "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
         "--policy", options.policy,
-        "--prometheus-host", LOOPBACK, "--prometheus-port", str(metrics_port),
+        "--prometheus-host", host, "--prometheus-port", str(metrics_port),
         "--worker-startup-check-interval", "1",
         "--health-check-interval-secs", str(options.health_check_interval_s),
         "--health-failure-threshold", str(options.health_failure_threshold),
@@ -138,26 +140,26 @@ class SimStack:
         self.procs: dict[str, ProcessHandle] = {}
         self._router_options = config.router
         self._ports: dict[str, int] = {}
+        self._hosts: dict[str, str] = {}
         self.proxies: dict[str, ProxyHandle] = {}  # link name -> proxy (proxied_links only)
 
     # ---------------------------------------------------------------------------- up/down ----
 
+    def plan(self) -> list[PlannedCommand]:
+        """The processes up() starts, in order (proxies pick their ports when they start)."""
+        self._choose_addresses()
+        commands = [self._proxy_command(link) for link in PROXY_LINKS] if self.config.proxied_links else []
+        commands += [self._worker_command(role, self._settings(role)) for role in ("prefill", "decode")]
+        return [*commands, self._router_command()]
+
     def up(self) -> Endpoints:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        for name in ("prefill", "decode", "router", "router_metrics", "bootstrap"):
-            self._ports[name] = free_port()
         try:
+            self._choose_addresses()
             if self.config.proxied_links:
-                # Decode's real transfer port is fixed up front, so the proxy in front of it
-                # stays valid when decode restarts.
-                self._ports["decode_transfer"] = free_port()
                 self._start_proxies()
             for role in ("prefill", "decode"):
-                settings = self.config.settings_for(role, self._ports[role], self._ports["bootstrap"])
-                if role == "decode" and self.config.proxied_links:
-                    settings = replace(settings, transfer_port=self._ports["decode_transfer"],
-                                       transfer_advertise=self.proxies["kv_transfer"].listen)
-                self._start_worker(role, settings)
+                self._start_worker(role, self._settings(role))
             for role in ("prefill", "decode"):
                 wait_http_ok(self.worker_url(role) + "/health", self.config.startup_timeout_s, self.procs[role])
             self._start_router()
@@ -167,40 +169,74 @@ class SimStack:
             raise
         return self.endpoints
 
+    def _choose_addresses(self) -> None:
+        """Each port is picked on the node that will listen on it (all of them here, by default)."""
+        for name, role in (("prefill", "prefill"), ("decode", "decode"), ("router", "router"),
+                           ("router_metrics", "router"), ("bootstrap", "prefill")):
+            self._ports[name] = self.launcher.free_port(role)
+        if self.config.proxied_links:
+            # Decode's real transfer port is fixed up front, so the proxy in front of it stays
+            # valid when decode restarts.
+            self._ports["decode_transfer"] = self.launcher.free_port("decode")
+        self._hosts = {role: self.launcher.host(role) for role in ("prefill", "decode", "router")}
+
+    def _settings(self, role: str) -> WorkerSettings:
+        settings = self.config.settings_for(role, self._ports[role], self._ports["bootstrap"], self._hosts[role])
+        if role == "decode" and self.config.proxied_links:
+            proxy = self.proxies.get("kv_transfer")
+            settings = replace(settings, transfer_port=self._ports["decode_transfer"],
+                               transfer_advertise=proxy.listen if proxy else "<kv_transfer proxy>")
+        return settings
+
+    def _worker_command(self, role: str, settings: WorkerSettings) -> PlannedCommand:
+        env = {**env_for(settings.timeouts), **self.extra_env.get(role, {})}
+        return PlannedCommand(role, role, command_for(settings), self.log_dir / f"{role}.log", env,
+                              ready_url=f"http://{settings.host}:{settings.port}/health")
+
     def _start_worker(self, role: str, settings: WorkerSettings) -> None:
         self.settings[role] = settings
-        env = {**env_for(settings.timeouts), **self.extra_env.get(role, {})}
-        self.procs[role] = self.launcher.launch(PlannedCommand(role, role, command_for(settings), self.log_dir / f"{role}.log", env))
+        self.procs[role] = self.launcher.launch(self._worker_command(role, settings))
+
+    def _proxy_upstream(self, link: str) -> str:
+        role, port = {"router_prefill": ("prefill", "prefill"), "router_decode": ("decode", "decode"),
+                      "kv_transfer": ("decode", "decode_transfer")}[link]
+        return f"{self._hosts[role]}:{self._ports[port]}"
+
+    def _proxy_command(self, link: str) -> PlannedCommand:
+        host = self._hosts["router"]  # the proxies sit beside the router
+        argv = [sys.executable, "-m", "faults.proxy", "--listen", f"{host}:0",
+                "--upstream", self._proxy_upstream(link), "--control", f"{host}:0"]
+        name = PROXY_PREFIX + link
+        return PlannedCommand(name, "router", argv, self.log_dir / f"{name}.log")
 
     def _start_proxies(self) -> None:
-        upstreams = {
-            "router_prefill": self._ports["prefill"],
-            "router_decode": self._ports["decode"],
-            "kv_transfer": self._ports["decode_transfer"],
-        }
         # Launch all three, then wait: each spends most of its start-up importing Python modules.
         for link in PROXY_LINKS:
-            name = PROXY_PREFIX + link
-            argv = [sys.executable, "-m", "faults.proxy", "--listen", f"{LOOPBACK}:0",
-                    "--upstream", f"{LOOPBACK}:{upstreams[link]}", "--control", f"{LOOPBACK}:0"]
-            self.procs[name] = self.launcher.launch(PlannedCommand(name, "router", argv, self.log_dir / f"{name}.log"))
+            self.procs[PROXY_PREFIX + link] = self.launcher.launch(self._proxy_command(link))
         for link in PROXY_LINKS:
             proc = self.procs[PROXY_PREFIX + link]
             ready = _wait_proxy_ready(proc, self.config.startup_timeout_s)
-            self.proxies[link] = ProxyHandle(link=link, listen=ready["listen"], upstream=f"{LOOPBACK}:{upstreams[link]}",
+            self.proxies[link] = ProxyHandle(link=link, listen=ready["listen"], upstream=self._proxy_upstream(link),
                                              control_url=f"http://{ready['control']}", pid=proc.pid)
 
     def _router_worker_url(self, role: str) -> str:
         """Where the router reaches a worker: through its proxy when the links are proxied."""
         proxy = self.proxies.get(f"router_{role}")
-        return proxy.url if proxy is not None else self.worker_url(role)
+        if proxy is not None:
+            return proxy.url
+        return f"<router_{role} proxy>" if self.config.proxied_links else self.worker_url(role)
 
-    def _start_router(self) -> None:
+    def _router_command(self) -> PlannedCommand:
         argv = router_command(
             self._router_options, self._ports["router"], self._ports["router_metrics"],
             self._router_worker_url("prefill"), self._ports["bootstrap"], self._router_worker_url("decode"),
+            host=self._hosts["router"],
         )
-        self.procs["router"] = self.launcher.launch(PlannedCommand("router", "router", argv, self.log_dir / "router.log", ROUTER_ENV))
+        return PlannedCommand("router", "router", argv, self.log_dir / "router.log", ROUTER_ENV,
+                              ready_url=self.router_url + "/readiness")
+
+    def _start_router(self) -> None:
+        self.procs["router"] = self.launcher.launch(self._router_command())
         wait_http_ok(self.router_url + "/readiness", self.config.startup_timeout_s, self.procs["router"])
 
     def down(self) -> None:
@@ -208,9 +244,8 @@ class SimStack:
             proc = self.procs.get(name)
             if proc is not None:
                 proc.stop()
-        state_file = self.state_path(self.run_dir)
-        if state_file.exists():
-            state_file.unlink()
+        clear_state(self.run_dir)
+        self.launcher.close()
 
     def restart(self, role: str, env: dict[str, str] | None = None, **overrides: Any) -> None:
         """Restart one role with changed settings (memory fraction, context length, ...).
@@ -237,10 +272,10 @@ class SimStack:
 
     @property
     def router_url(self) -> str:
-        return f"http://{LOOPBACK}:{self._ports['router']}"
+        return f"http://{self._hosts['router']}:{self._ports['router']}"
 
     def worker_url(self, role: str) -> str:
-        return f"http://{LOOPBACK}:{self._ports[role]}"
+        return f"http://{self._hosts[role]}:{self._ports[role]}"
 
     @property
     def endpoints(self) -> Endpoints:
@@ -250,7 +285,7 @@ class SimStack:
                 WorkerEndpoint("prefill", self.worker_url("prefill"), self._ports["bootstrap"]),
                 WorkerEndpoint("decode", self.worker_url("decode")),
             ),
-            router_metrics_url=f"http://{LOOPBACK}:{self._ports['router_metrics']}/metrics",
+            router_metrics_url=f"http://{self._hosts['router']}:{self._ports['router_metrics']}/metrics",
         )
 
     def processes(self, role: str) -> list[ProcessHandle]:  # type: ignore[override]
@@ -271,22 +306,12 @@ class SimStack:
 
     # ----------------------------------------------------------------------- state file ----
 
-    @staticmethod
-    def state_path(run_dir: Path) -> Path:
-        return run_dir / "target.json"
+    state_path = staticmethod(state_path)
 
     def write_state(self) -> None:
-        state = TargetState(
-            kind=self.kind,
-            endpoints=self.endpoints,
-            processes=[
-                ProcessRef(name, "proxy" if name.startswith(PROXY_PREFIX) else name, p.pid, p.pgid, str(self.log_dir / f"{name}.log"))
-                for name, p in self.procs.items() if p.alive()
-            ],
-        )
-        data = dataclasses.asdict(state)
-        data["proxies"] = {link: dataclasses.asdict(handle) for link, handle in self.proxies.items()}
-        self.state_path(self.run_dir).write_text(json.dumps(data, indent=2))
+        write_state(self.run_dir, self.kind, self.endpoints, self.procs, self.launcher, self.log_dir,
+                    role_of={name: "proxy" for name in self.procs if name.startswith(PROXY_PREFIX)},
+                    extra={"proxies": {link: dataclasses.asdict(handle) for link, handle in self.proxies.items()}})
 
 
 def _wait_proxy_ready(proc: ProcessHandle, timeout_s: float) -> dict[str, Any]:
@@ -306,21 +331,3 @@ def _wait_proxy_ready(proc: ProcessHandle, timeout_s: float) -> dict[str, Any]:
             raise RuntimeError(f"{proc.name} exited with code {proc.returncode} before it listened; see its log:\n{proc.read_log()[-2000:]}")
         time.sleep(0.05)
     raise TimeoutError(f"{proc.name} did not report its ports within {timeout_s:.0f}s; its log ends:\n{proc.read_log()[-2000:]}")
-
-
-def stop_from_state(run_dir: Path) -> list[str]:
-    """Stop every process group a stack recorded in `run_dir` (from any process). What it did."""
-    path = SimStack.state_path(run_dir)
-    if not path.exists():
-        return []
-    data = json.loads(path.read_text())
-    done: list[str] = []
-    for proc in data.get("processes", []):
-        if pid_alive(proc["pgid"]):
-            kill_group(proc["pgid"])
-            done.append(f"stopped {proc['name']} (process group {proc['pgid']})")
-    path.unlink()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(pid_alive(p["pgid"]) for p in data.get("processes", [])):
-        time.sleep(0.1)
-    return done
