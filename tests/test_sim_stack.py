@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
