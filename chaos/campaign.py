@@ -299,10 +299,18 @@ def validate_semantics(campaign: Campaign) -> None:
     kind = campaign.target.kind
     for i, window in enumerate(campaign.windows()):
         if window.fault in FAULTS and kind not in FAULTS[window.fault].targets:
-            why = ("needs process access, which an attached target does not give; launch the target with pdchaos"
+            why = ("needs a target pdchaos launched (it restarts or reconfigures what it acts on)"
                    if kind == "attach" else f"does not apply to a {kind} target")
             problems.append(f"faults: {window.fault!r} (window {i}) {why}; it applies to: "
                             f"{', '.join(sorted(FAULTS[window.fault].targets))}. Drop the window or change target.kind")
+    if kind == "attach":
+        given = {p.role for p in campaign.target.processes if p.pid is not None}
+        for i, window in enumerate(campaign.windows()):
+            fault = FAULTS.get(window.fault)
+            role = window.params.get("role", "prefill")
+            if fault is not None and fault.signals_processes and "attach" in fault.targets and role not in given:
+                problems.append(f"faults: {window.fault!r} (window {i}) signals the {role} process group, and target.processes "
+                                f"gives no {role} pid; add {{role: {role}, pid: PID, log: PATH}} (start the server with setsid)")
     for name in campaign.oracles.enabled:
         if name not in ALL_ORACLES:
             problems.append(f"oracles.enabled: unknown oracle {name!r}; known: {', '.join(sorted(ALL_ORACLES))}")

@@ -94,6 +94,7 @@ class Fault(ABC):
     summary: ClassVar[str]
     Params: ClassVar[type[FaultParams]]
     targets: ClassVar[frozenset[str]] = frozenset({"sim"})  # target kinds it can act on
+    signals_processes: ClassVar[bool] = False  # acts on the process group of `params.role`
 
     def __init__(self, params: FaultParams) -> None:
         self.params = params

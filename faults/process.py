@@ -46,7 +46,9 @@ class TransferStall(Fault):
     name = "transfer_stall"
     summary = "SIGSTOP a role's process group past the transfer waiting timeout, then SIGCONT"
     Params = StallParams
-    targets = frozenset({"sim", "sglang", "vllm"})
+    # Pause and resume only: an attached deployment qualifies when its campaign gives the role's pid.
+    targets = frozenset({"sim", "sglang", "vllm", "attach"})
+    signals_processes = True
 
     def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
         role = self.params.role  # type: ignore[attr-defined]
@@ -82,6 +84,7 @@ class ProcessKill(Fault):
     summary = "kill -9, SIGTERM or pause a role's process group (router included), then restart it"
     Params = KillParams
     targets = frozenset({"sim", "sglang", "vllm"})
+    signals_processes = True
 
     def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
         p: KillParams = self.params  # type: ignore[assignment]

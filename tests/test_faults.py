@@ -49,7 +49,8 @@ def _pools_idle(stack: SimStack) -> bool:
 
 def test_transfer_stall_is_confirmed_healed_and_journaled(stack: SimStack, tmp_path: Path) -> None:
     fault = build_fault("transfer_stall", {"role": "prefill"}, "faults[0]")
-    with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url):
+    with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url) as traffic:
+        wait_until(lambda: traffic.statuses, timeout_s=30, what="traffic flowing before the stall")  # else nothing waits on it
         result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=4.0)
         assert result.confirmation.confirmed, result.confirmation.evidence
         assert result.healed and not result.leftovers
@@ -58,6 +59,26 @@ def test_transfer_stall_is_confirmed_healed_and_journaled(stack: SimStack, tmp_p
     assert [(w.fault, w.confirmed, w.healed) for w in windows] == [("transfer_stall", True, True)]
     assert windows[0].start is not None and windows[0].end is not None and windows[0].end > windows[0].start
     wait_until(lambda: _pools_idle(stack), timeout_s=30, what="pools back at baseline after the stall")
+
+
+def test_an_attached_deployment_is_stalled_through_the_pid_and_log_its_campaign_gives(stack: SimStack, tmp_path: Path) -> None:
+    """Attach mode with `processes:`: the suite did not launch it, yet it can pause, read and resume it."""
+    from chaos.campaign import AttachedProcess
+    from chaos.targets.attach import AttachTarget
+
+    given = [AttachedProcess(role=role, pid=stack.procs[role].pid, log=str(stack.log_dir / f"{role}.log"))
+             for role in ("prefill", "decode")]
+    target = AttachTarget(stack.router_url, [("prefill", stack.worker_url("prefill")), ("decode", stack.worker_url("decode"))],
+                          tmp_path, processes_given=given)
+    assert "decode" in target.logs("decode").lower()
+    fault = build_fault("transfer_stall", {"role": "prefill"}, "faults[0]")
+    with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url) as traffic:
+        wait_until(lambda: traffic.statuses, timeout_s=30, what="traffic flowing before the stall")
+        result = run_window(fault, FaultContext(target=target, journal=journal, window_id="w1"), duration_s=4.0)
+    assert result.confirmation.confirmed, result.confirmation.evidence
+    assert result.healed and not result.leftovers
+    assert all(process_state(pid) != "T" for pid in group_members(stack.procs["prefill"].pgid))
+    assert stack.procs["prefill"].alive() and stack.procs["decode"].alive()  # attached: paused, never killed
 
 
 def test_a_stall_nobody_waits_on_is_reported_unconfirmed(stack: SimStack, tmp_path: Path) -> None:
