@@ -1,0 +1,196 @@
+"""A real SGLang PD deployment launched by pdchaos: prefill, decode and the SGLang router in front.
+
+Each server is a `PlannedCommand` handed to the launcher (this machine, or the Ray node that
+offers its role's resource), so it runs in its own session with its log captured, and a fault's
+signal reaches every process of its group (SGLang's scheduler and detokenizer are children of
+the API server). Readiness: each worker's `/health` (a 1-token generate through the fake
+transfer, 503 while loading), then the router's `/readiness` (200 once it holds a healthy
+prefill and decode). The stack writes `target.json`, so `pdchaos heal` can stop it from another
+process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from chaos.process import wait_http_ok
+from chaos.targets.base import Endpoints, WorkerEndpoint
+from chaos.targets.dialect import SGLANG
+from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand, ProcessHandle
+from chaos.targets.sglang.commands import server_command, server_env, sglang_router_command
+from chaos.targets.sglang.pool import pool_checks
+from chaos.targets.sglang.settings import Ports, WorkerSettings, as_restart_settings, with_overrides, worker_settings
+from chaos.targets.sglang.spec import SGLangSpec
+from chaos.targets.state import clear_state, state_path, write_state
+
+ROLES = ("prefill", "decode")
+ROUTER_READY_TIMEOUT_S = 120.0  # its workers are already healthy by then: seconds, not minutes
+
+
+class SGLangStack:
+    """Plan, launch, inspect, restart and stop a real SGLang PD deployment."""
+
+    kind = "sglang"
+    dialect = SGLANG
+
+    def __init__(self, spec: SGLangSpec, run_dir: Path, launcher: Launcher | None = None) -> None:
+        self.spec = spec
+        self.run_dir = run_dir
+        self.launcher = launcher or LocalLauncher()
+        self.log_dir = run_dir / "logs"
+        self.procs: dict[str, ProcessHandle] = {}
+        self._ports: Ports | None = None
+        self._hosts: dict[str, str] = {}
+        self.settings: dict[str, WorkerSettings] = {}
+        self.pool_report: list[dict[str, Any]] = []  # expected vs reported KV pool per role, after up()
+
+    # ---------------------------------------------------------------------------- planning ----
+
+    def _resolve(self) -> None:
+        """Hosts and ports, once: `plan()` shows exactly what `up()` will start."""
+        if self._ports is not None:
+            return
+        spec = self.spec
+        self._hosts = {role: spec.host_of(role) or self.launcher.host(role) for role in (*ROLES, "router")}
+
+        def port(given: int | None, role: str) -> int:
+            return given if given is not None else self.launcher.free_port(role)
+
+        self._ports = Ports(
+            prefill=port(spec.prefill.port, "prefill"), decode=port(spec.decode.port, "decode"),
+            prefill_nccl=port(spec.prefill.nccl_port, "prefill"), decode_nccl=port(spec.decode.nccl_port, "decode"),
+            bootstrap=port(spec.bootstrap_port, "prefill"), router=port(spec.router.port, "router"),
+            router_metrics=port(spec.router.metrics_port, "router"),
+        )
+        self.settings = {role: worker_settings(spec, role, self._hosts[role], self._ports) for role in ROLES}
+
+    @property
+    def ports(self) -> Ports:
+        self._resolve()
+        assert self._ports is not None
+        return self._ports
+
+    def worker_command(self, role: str) -> PlannedCommand:
+        self._resolve()
+        s = self.settings[role]
+        return PlannedCommand(role, role, server_command(s), self.log_dir / f"{role}.log", server_env(s), f"{s.url}/health")
+
+    def router_command(self) -> PlannedCommand:
+        self._resolve()
+        argv = sglang_router_command(self.spec.router, sys.executable, self._hosts["router"], self.ports,
+                                     self.settings["prefill"], self.settings["decode"])
+        return PlannedCommand("router", "router", argv, self.log_dir / "router.log", dict(self.spec.router.env),
+                              f"{self.router_url}/readiness")
+
+    def plan(self) -> list[PlannedCommand]:
+        return [self.worker_command("prefill"), self.worker_command("decode"), self.router_command()]
+
+    # ---------------------------------------------------------------------------- up/down ----
+
+    def up(self) -> Endpoints:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._resolve()
+            # Both load their weights at once; each is awaited after both have started.
+            for role in ROLES:
+                self._launch(self.worker_command(role))
+            for role in ROLES:
+                self._await_worker(role)
+            self._start_router()
+            self.write_state()
+            self.pool_report = [check.to_json() for check in pool_checks(self)]
+            self.write_state()
+        except BaseException:
+            self.down()
+            raise
+        return self.endpoints
+
+    def _launch(self, command: PlannedCommand) -> None:
+        self.procs[command.name] = self.launcher.launch(command)
+        self.write_state()  # at once: a run killed while the model loads must still be stoppable
+
+    def _await_worker(self, role: str) -> None:
+        wait_http_ok(self.worker_url(role) + "/health", self.spec.startup_timeout_s, self.procs[role], interval_s=1.0)
+
+    def _start_router(self) -> None:
+        command = self.router_command()
+        self._launch(command)
+        wait_http_ok(self.router_url + "/readiness", ROUTER_READY_TIMEOUT_S, self.procs["router"], interval_s=0.5)
+
+    def down(self) -> None:
+        for name in ("router", "decode", "prefill"):
+            proc = self.procs.get(name)
+            if proc is not None:
+                proc.stop(timeout_s=30.0)  # SGLang tears down its scheduler children on SIGTERM
+        clear_state(self.run_dir)
+        self.launcher.close()
+
+    def restart(self, role: str, env: dict[str, str] | None = None, **overrides: Any) -> None:
+        """Restart one role with changed settings, and wait until it serves again.
+
+        `env` replaces the role's own environment (the campaign's env, e.g. plus
+        SGLANG_TEST_DISAGG_FAILURE_PROB); None keeps it. Settings not named keep their values;
+        one that cannot change (host, ports) is a TargetError.
+        """
+        if role == "router":
+            self.procs["router"].stop()
+            self._start_router()
+            self.write_state()
+            return
+        self._resolve()
+        settings = with_overrides(self.settings[role], env, overrides)
+        self.procs[role].stop(timeout_s=30.0)
+        self.settings[role] = settings
+        self._launch(self.worker_command(role))
+        self._await_worker(role)
+        self.write_state()
+
+    # -------------------------------------------------------------------------- inspection ----
+
+    @property
+    def router_url(self) -> str:
+        self._resolve()
+        return f"http://{self._hosts['router']}:{self.ports.router}"
+
+    def worker_url(self, role: str) -> str:
+        self._resolve()
+        return self.settings[role].url
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return Endpoints(
+            router_url=self.router_url,
+            workers=(WorkerEndpoint("prefill", self.worker_url("prefill"), self.ports.bootstrap),
+                     WorkerEndpoint("decode", self.worker_url("decode"))),
+            router_metrics_url=f"http://{self._hosts['router']}:{self.ports.router_metrics}/metrics",
+        )
+
+    def processes(self, role: str) -> list[ProcessHandle]:  # type: ignore[override]
+        return [p for name, p in self.procs.items() if name == role]
+
+    def role_settings(self, role: str) -> dict[str, Any]:
+        """The restartable settings of a role, env included, in the form `restart()` takes."""
+        self._resolve()
+        return as_restart_settings(self.settings[role]) if role in self.settings else {}
+
+    def logs(self, role: str) -> str:
+        proc = self.procs.get(role)
+        if proc is not None:
+            return proc.read_log()
+        path = self.log_dir / f"{role}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # -------------------------------------------------------------------------- state file ----
+
+    state_path = staticmethod(state_path)
+
+    def write_state(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_state(self.run_dir, self.kind, self.endpoints, self.procs, self.launcher, self.log_dir, extra={
+            "commands": [{"name": c.name, "placement": self.launcher.placement(c.role), "shell": c.shell()} for c in self.plan()],
+            "settings": {role: dataclasses.asdict(s) for role, s in self.settings.items()},
+            "pool": self.pool_report,
+        })

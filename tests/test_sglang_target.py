@@ -1,0 +1,361 @@
+"""The SGLang launch target without a GPU: its campaign section, the exact commands, and the readers.
+
+Flag names are checked against sglang-facts.md §1 (SGLang cannot run here) and against the real
+`sglang_router.launch_router --help` (the router is installed). Fixtures under
+tests/fixtures/sglang/ are written from SGLang's formats (sglang-facts.md §2, §3).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from chaos.campaign import load_campaign, parse_campaign
+from chaos.errors import TargetError, UsageError
+from chaos.facts import parse_log, parse_models, parse_server_info, read_pool_metrics
+from chaos.oracles.integrity import CORRUPTION_SIGNALS, TRANSFER_SIGNALS
+from chaos.targets.dialect import SGLANG
+from chaos.targets.launcher import PlannedCommand
+from chaos.targets.sglang.commands import server_command, server_env
+from chaos.targets.sglang.pool import memory_from_log, memory_from_metrics
+from chaos.targets.sglang.settings import with_overrides
+from chaos.targets.sglang.spec import SGLangSpec
+from chaos.targets.sglang.stack import SGLangStack
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
+
+# Every launch_server flag pdchaos may emit, as sglang-facts.md §1 names it (field names with
+# dashes; --tp-size from tp_size, --model-path / --served-model-name from ServerArgs' fields).
+SGLANG_SERVER_FLAGS = {
+    "--model-path", "--served-model-name", "--host", "--port", "--tp-size", "--base-gpu-id", "--nccl-port",
+    "--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
+    "--disaggregation-ib-device", "--mem-fraction-static", "--context-length", "--max-total-tokens", "--page-size",
+    "--enable-metrics", "--enable-deterministic-inference", "--random-seed", "--kv-canary", "--kv-canary-real-data",
+    "--kv-canary-sweep-interval", "--disaggregation-enable-kv-checksum", "--trust-remote-code",
+}
+
+
+class FakeLauncher:
+    """Records what would start, starts nothing; ports count up so every one is distinct."""
+
+    def __init__(self) -> None:
+        self.next_port = 40000
+        self.launched: list[PlannedCommand] = []
+
+    def host(self, role: str) -> str:
+        return {"prefill": "10.0.0.11", "decode": "10.0.0.12", "router": "10.0.0.10"}[role]
+
+    def free_port(self, role: str) -> int:
+        self.next_port += 1
+        return self.next_port
+
+    def placement(self, role: str) -> str:
+        return f"node of {role}"
+
+    def launch(self, command: PlannedCommand) -> None:  # pragma: no cover - plan() never launches
+        raise AssertionError(f"plan() launched {command.name}")
+
+    def state(self) -> dict[str, object]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def full_spec(**changes: object) -> SGLangSpec:
+    data: dict[str, object] = {
+        "model_path": "/models/Qwen3-32B", "served_model_name": "qwen", "python": "/opt/sglang/bin/python", "tp_size": 2,
+        "mem_fraction_static": 0.85, "context_length": 40960, "page_size": 64, "transfer_backend": "mooncake",
+        "ib_device": "mlx5_0,mlx5_1", "bootstrap_port": 8998, "deterministic": True, "random_seed": 7, "kv_canary": "raise",
+        "kv_canary_real_data": "partial", "kv_canary_sweep_interval": 100, "kv_checksum": True, "trust_remote_code": True,
+        "bootstrap_timeout_s": 20, "waiting_timeout_s": 25, "heartbeat_interval_s": 2.5, "heartbeat_max_failure": 1,
+        "env": {"MC_TRANSFER_TIMEOUT": "10"},
+        "prefill": {"port": 30100, "nccl_port": 30300, "gpu_ids": [0, 1], "env": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "99"}},
+        "decode": {"port": 30200, "nccl_port": 30400, "gpu_ids": [2, 3], "mem_fraction_static": 0.7, "max_total_tokens": 500000,
+                   "extra_args": ["--max-running-requests", "64"]},
+        "router": {"port": 30000, "metrics_port": 30090},
+    }
+    data.update(changes)
+    return SGLangSpec.model_validate(data)
+
+
+def flag_values(argv: list[str]) -> dict[str, str | None]:
+    """--flag -> its value (None for a switch); the program and `-m module` are left out."""
+    args = argv[3:]
+    out: dict[str, str | None] = {}
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            out[arg] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+# ------------------------------------------------------------------------------- commands ----
+
+
+def test_server_commands_carry_every_setting_with_sglang_flag_names(tmp_path: Path) -> None:
+    stack = SGLangStack(full_spec(), tmp_path, FakeLauncher())  # type: ignore[arg-type]
+    prefill, decode, router = stack.plan()
+    assert prefill.argv[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
+    p, d = flag_values(prefill.argv), flag_values(decode.argv)
+    assert set(p) <= SGLANG_SERVER_FLAGS and set(d) - {"--max-running-requests"} <= SGLANG_SERVER_FLAGS
+    assert p == {
+        "--model-path": "/models/Qwen3-32B", "--disaggregation-mode": "prefill", "--host": "10.0.0.11", "--port": "30100",
+        "--tp-size": "2", "--base-gpu-id": "0", "--nccl-port": "30300", "--disaggregation-transfer-backend": "mooncake",
+        "--disaggregation-bootstrap-port": "8998", "--served-model-name": "qwen", "--mem-fraction-static": "0.85",
+        "--context-length": "40960", "--page-size": "64", "--disaggregation-ib-device": "mlx5_0,mlx5_1",
+        "--random-seed": "7", "--kv-canary-real-data": "partial", "--kv-canary-sweep-interval": "100", "--kv-canary": "raise",
+        "--enable-deterministic-inference": None, "--disaggregation-enable-kv-checksum": None, "--enable-metrics": None,
+        "--trust-remote-code": None,
+    }
+    # decode: its own mode, port, fraction and pool; the same bootstrap port (it falls back to it)
+    assert (d["--disaggregation-mode"], d["--host"], d["--port"], d["--nccl-port"]) == ("decode", "10.0.0.12", "30200", "30400")
+    assert (d["--mem-fraction-static"], d["--max-total-tokens"], d["--disaggregation-bootstrap-port"]) == ("0.7", "500000", "8998")
+    assert decode.argv[-2:] == ["--max-running-requests", "64"]
+    assert "--max-total-tokens" not in p
+    assert (prefill.ready_url, decode.ready_url) == ("http://10.0.0.11:30100/health", "http://10.0.0.12:30200/health")
+    assert router.ready_url == "http://10.0.0.10:30000/readiness"
+    assert [c.role for c in (prefill, decode, router)] == ["prefill", "decode", "router"]
+
+
+def test_server_environment_gpus_timeouts_and_campaign_env(tmp_path: Path) -> None:
+    prefill, decode, _ = SGLangStack(full_spec(), tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
+    assert prefill.env == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1",
+        "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "20",
+        "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "99",  # the role's own env wins over the typed field
+        "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2.5", "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "1",
+        "MC_TRANSFER_TIMEOUT": "10",
+    }
+    assert decode.env["CUDA_VISIBLE_DEVICES"] == "2,3" and decode.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "25"
+    assert prefill.shell().startswith("CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1 MC_TRANSFER_TIMEOUT=10 ")
+
+
+def test_defaults_one_node_layout_shortened_timeouts_and_engine_defaults(tmp_path: Path) -> None:
+    spec = SGLangSpec(model_path="m", tp_size=2)
+    stack = SGLangStack(spec, tmp_path, FakeLauncher())  # type: ignore[arg-type]
+    prefill, decode, _ = stack.plan()
+    assert (prefill.env["CUDA_VISIBLE_DEVICES"], decode.env["CUDA_VISIBLE_DEVICES"]) == ("0,1", "2,3")
+    assert prefill.env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == "30" and prefill.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "30"
+    assert "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL" not in prefill.env
+    flags = flag_values(prefill.argv)
+    # What the campaign leaves out, SGLang decides: no flag at all, not a guessed value.
+    for flag in ("--mem-fraction-static", "--context-length", "--max-total-tokens", "--page-size", "--kv-canary",
+                 "--disaggregation-ib-device", "--enable-deterministic-inference", "--disaggregation-enable-kv-checksum"):
+        assert flag not in flags
+    assert "--enable-metrics" in flags and prefill.argv[0] == sys.executable
+    ports = stack.ports
+    assert len({ports.prefill, ports.decode, ports.prefill_nccl, ports.decode_nccl, ports.bootstrap, ports.router,
+                ports.router_metrics}) == 7
+    assert stack.plan() == [prefill, decode, stack.plan()[2]]  # planned once: plan() and up() agree
+    no_timeouts = SGLangStack(SGLangSpec(model_path="m", bootstrap_timeout_s=None, waiting_timeout_s=None), tmp_path,
+                              FakeLauncher()).plan()[0]  # type: ignore[arg-type]
+    assert not any(k.startswith("SGLANG_") for k in no_timeouts.env)
+
+
+def test_mooncake_tcp_and_nixl_take_no_ib_device(tmp_path: Path) -> None:
+    for backend in ("mooncake_tcp", "nixl"):
+        argv = SGLangStack(SGLangSpec(model_path="m", transfer_backend=backend), tmp_path, FakeLauncher()).plan()[0].argv  # type: ignore[arg-type]
+        assert flag_values(argv)["--disaggregation-transfer-backend"] == backend
+        assert "--disaggregation-ib-device" not in argv
+        with pytest.raises(ValidationError, match="ib_device applies to transfer_backend mooncake only"):
+            SGLangSpec(model_path="m", transfer_backend=backend, ib_device="mlx5_0")
+
+
+def test_router_command_is_pd_mode_with_retries_and_breaker_off_by_default(tmp_path: Path) -> None:
+    router = SGLangStack(full_spec(), tmp_path, FakeLauncher()).plan()[2]  # type: ignore[arg-type]
+    assert router.argv[1:3] == ["-m", "sglang_router.launch_router"]
+    flags = flag_values(router.argv)
+    assert "--pd-disaggregation" in flags and "--disable-retries" in flags and "--disable-circuit-breaker" in flags
+    i = router.argv.index("--prefill")
+    assert router.argv[i:i + 3] == ["--prefill", "http://10.0.0.11:30100", "8998"]
+    assert router.argv[router.argv.index("--decode") + 1] == "http://10.0.0.12:30200"
+    assert (flags["--host"], flags["--port"], flags["--prometheus-host"], flags["--prometheus-port"]) == ("10.0.0.10", "30000", "10.0.0.10", "30090")
+    assert (flags["--policy"], flags["--health-check-interval-secs"]) == ("round_robin", "5")
+
+    kept = SGLangStack(full_spec(router={"retries": True, "max_retries": 2, "circuit_breaker": True, "cb_failure_threshold": 4,
+                                         "policy": "cache_aware", "extra_args": ["--log-level", "debug"]}),
+                       tmp_path, FakeLauncher()).plan()[2].argv  # type: ignore[arg-type]
+    kept_flags = flag_values(kept)
+    assert "--disable-retries" not in kept_flags and "--disable-circuit-breaker" not in kept_flags
+    assert (kept_flags["--retry-max-retries"], kept_flags["--cb-failure-threshold"], kept_flags["--policy"]) == ("2", "4", "cache_aware")
+    assert kept[-2:] == ["--log-level", "debug"]
+
+
+@pytest.mark.timeout(120)
+def test_router_flags_exist_in_the_installed_sglang_router(tmp_path: Path) -> None:
+    help_text = subprocess.run([sys.executable, "-m", "sglang_router.launch_router", "--help"], capture_output=True,
+                               text=True, timeout=100).stdout
+    assert "--pd-disaggregation" in help_text, help_text[:2000]
+    known = set(re.findall(r"--[a-z][a-z0-9-]+", help_text))
+    for spec in (full_spec(), full_spec(router={"retries": True, "max_retries": 2, "circuit_breaker": True, "cb_failure_threshold": 4})):
+        argv = SGLangStack(spec, tmp_path, FakeLauncher()).plan()[2].argv  # type: ignore[arg-type]
+        emitted = {a for a in argv if a.startswith("--")}
+        assert emitted <= known, f"not flags of the installed router: {sorted(emitted - known)}"
+
+
+# ----------------------------------------------------------------------------- validation ----
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"kv_canary": "none", "kv_canary_sweep_interval": 5, "kv_canary_real_data": None}, "need kv_canary: log or raise"),
+    ({"prefill": {"gpu_ids": [0]}}, r"prefill.gpu_ids \[0\] has 1 GPU\(s\) for tp_size 2"),
+    ({"prefill": {"gpu_ids": [0, 0]}}, "lists a GPU twice"),
+    ({"decode": {"gpu_ids": [1, 2]}, "mem_fraction_static": None}, r"share GPU\(s\) \[1\]: set mem_fraction_static"),
+    ({"decode": {"gpu_ids": [1, 2], "mem_fraction_static": 0.5}}, "leave no room for activations"),
+    ({"extra_args": ["--port=1"]}, "extra_args sets --port"),
+    ({"decode": {"extra_args": ["--tp", "4"]}}, "extra_args sets --tp"),
+    ({"host": "0.0.0.0"}, "is a wildcard"),
+    ({"bootstrap_port": 30100}, "are both port 30100"),
+    ({"router": {"max_retries": 3}}, "max_retries needs retries: true"),
+    ({"router": {"extra_args": ["--disable-retries"]}}, "router.extra_args sets --disable-retries"),
+    ({"transfer_backend": "fake"}, "transfer_backend"),
+])
+def test_spec_rejects_inconsistent_settings(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        full_spec(**changes)
+
+
+def test_roles_on_one_gpu_with_fractions_that_fit_and_ports_on_separate_hosts() -> None:
+    one_gpu = SGLangSpec(model_path="m", prefill={"gpu_ids": [0], "mem_fraction_static": 0.4},
+                         decode={"gpu_ids": [0], "mem_fraction_static": 0.4})
+    assert one_gpu.gpu_ids_of("prefill") == one_gpu.gpu_ids_of("decode") == [0]
+    # Two nodes may use the same port and the same GPU index.
+    SGLangSpec(model_path="m", prefill={"host": "10.0.0.11", "port": 30000, "gpu_ids": [0]},
+               decode={"host": "10.0.0.12", "port": 30000, "gpu_ids": [0]})
+
+
+def test_campaign_errors_name_the_sglang_field() -> None:
+    with pytest.raises(UsageError, match=r"target.sglang.decode.mem_fraction_static: .*less than 1"):
+        parse_campaign({"name": "x", "target": {"kind": "sglang", "sglang": {"model_path": "m", "decode": {"mem_fraction_static": 1.5}}}})
+    with pytest.raises(UsageError, match=r"target.sglang.tp_sise: unknown field"):
+        parse_campaign({"name": "x", "target": {"kind": "sglang", "sglang": {"model_path": "m", "tp_sise": 2}}})
+
+
+def test_shipped_launch_campaign_validates_and_plans(tmp_path: Path) -> None:
+    campaign = load_campaign(ROOT / "campaigns" / "sglang-launch.yaml")
+    assert campaign.target.kind == "sglang" and campaign.target.sglang is not None
+    from faults.registry import FAULTS
+
+    applicable = {name for name, cls in FAULTS.items() if "sglang" in cls.targets}
+    assert {w.fault for w in campaign.windows()} == applicable  # one window of every fault that applies
+    prefill, decode, router = SGLangStack(campaign.target.sglang, tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
+    assert (prefill.env["CUDA_VISIBLE_DEVICES"], decode.env["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
+    assert int(prefill.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"]) < 300
+    assert "--disable-retries" in router.argv and "--disable-circuit-breaker" in router.argv
+    stall = next(w for w in campaign.windows() if w.fault == "transfer_stall")
+    timeouts = (campaign.target.sglang.waiting_timeout_s, campaign.target.sglang.bootstrap_timeout_s)
+    assert all(t is not None and stall.duration_s > t for t in timeouts)  # the stall outlasts the peer's timeouts
+
+
+# ------------------------------------------------------------------------------ restarts ----
+
+
+def test_restart_settings_change_what_the_fault_changes_and_nothing_fixed(tmp_path: Path) -> None:
+    stack = SGLangStack(full_spec(), tmp_path, FakeLauncher())  # type: ignore[arg-type]
+    before = stack.role_settings("decode")
+    assert {"mem_fraction_static", "max_total_tokens", "context_length", "env"} <= set(before)
+    settings = with_overrides(stack.settings["decode"], {"SGLANG_TEST_DISAGG_FAILURE_PROB": "0.1"},
+                              {"mem_fraction_static": 0.5, "max_total_tokens": None, "gpu_ids": [2, 3]})
+    flags = flag_values(server_command(settings))
+    assert flags["--mem-fraction-static"] == "0.5" and "--max-total-tokens" not in flags
+    assert server_env(settings)["SGLANG_TEST_DISAGG_FAILURE_PROB"] == "0.1"
+    assert settings.gpu_ids == (2, 3)
+    with pytest.raises(TargetError, match="port cannot change on restart"):
+        with_overrides(stack.settings["decode"], None, {"port": 1})
+    with pytest.raises(TargetError, match="unknown setting"):
+        with_overrides(stack.settings["decode"], None, {"mem_fraction": 0.5})
+    assert json.loads(json.dumps(before)) == before  # journaled undo plans replay it as JSON
+
+
+# ------------------------------------------------------------------------ readers on fixtures ----
+
+
+def test_server_info_and_models_fixtures() -> None:
+    info = parse_server_info(json.loads((FIXTURES / "server_info_prefill.json").read_text()))
+    assert (info.max_total_num_tokens, info.max_req_input_len, info.context_length) == (402816, 40954, None)
+    assert (info.page_size, info.disaggregation_mode, info.version) == (64, "prefill", "0.5.17")
+    models = parse_models(json.loads((FIXTURES / "models.json").read_text()))
+    assert models.models == (("/models/Qwen3-32B", 40960),) and models.max_model_len == 40960
+
+
+def test_metrics_fixture_pool_constants_memory_and_dialect_counters() -> None:
+    text = (FIXTURES / "metrics_prefill_tp2.txt").read_text()
+    pool = read_pool_metrics(text)
+    assert (pool.max_total_num_tokens, pool.context_len, pool.page_size, pool.engine_types) == (402816, 40960, 64, ("prefill",))
+    assert len(pool.series) == 2  # one per TP rank
+    memory = memory_from_metrics(text)
+    assert (memory.weights_gib, memory.kv_gib, memory.pool_tokens) == (30.62, 36.86, 402816)  # worst rank of each
+    from chaos.facts import parse_prometheus_text
+
+    names = {s.name for s in parse_prometheus_text(text)}
+    assert set(SGLANG.transfer_failure_metrics) <= names and set(SGLANG.aborted_metrics) <= names
+
+
+def test_log_fixture_starts_memory_of_the_latest_start() -> None:
+    lines = (FIXTURES / "prefill_tp2.log").read_text().splitlines(keepends=True)
+    starts = parse_log(lines)
+    assert [(s.role, s.pool_tokens, s.context_len, s.ready) for s in starts] == [
+        ("prefill", 402816, 40960, True), ("prefill", 153600, 40960, True)]
+    memory = memory_from_log(lines)  # a restarted server appends: the latest start is the one running
+    assert memory.pool_tokens == 153600 and memory.weights_gib == 30.64
+    assert memory.kv_gib == pytest.approx(14.06)
+    decode = memory_from_log((FIXTURES / "decode.log").read_text().splitlines())
+    assert (decode.pool_tokens, decode.weights_gib) == (811008, None) and decode.kv_gib == pytest.approx(74.24)
+
+
+def _classify(line: str) -> str | None:
+    for name, needle in CORRUPTION_SIGNALS:
+        if needle in line:
+            return name
+    for name, pattern in TRANSFER_SIGNALS:
+        if pattern.search(line):
+            return name
+    return None
+
+
+def test_integrity_signals_and_fault_confirmations_recognise_sglang_log_lines() -> None:
+    prefill = (FIXTURES / "prefill_tp2.log").read_text().splitlines()
+    decode = (FIXTURES / "decode.log").read_text().splitlines()
+    found = {c for line in prefill + decode if (c := _classify(line))}
+    assert {"kv_canary_violation", "context_corruption", "kv_transfer_error", "send_kv_chunk_failed", "get_kvcache_failed",
+            "lost_prefill_connection", "poll_timeout"} <= found
+    # transfer_stall confirms from the peer's log with the dialect's pattern
+    timeout = re.compile(SGLANG.transfer_timeout_log)
+    assert sum(bool(timeout.search(line)) for line in prefill) == 2  # the poll timeout and the failure carrying it
+    assert any(timeout.search(line) and "WaitingForInput" in line for line in decode)
+    assert any("Lost connection" in line and timeout.search(line) for line in decode)
+    assert not any(_classify(line) for line in prefill[:11])  # startup lines are no signal
+
+
+@pytest.fixture
+def fixture_server(tmp_path: Path) -> Iterator[str]:
+    """The fixtures served as a worker would (/server_info, /v1/models), on loopback."""
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "server_info").write_text((FIXTURES / "server_info_prefill.json").read_text())
+    (tmp_path / "v1" / "models").write_text((FIXTURES / "models.json").read_text())
+    handler = partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_dialect_limits_read_server_info_then_models_for_the_context(fixture_server: str) -> None:
+    limits = SGLANG.limits(fixture_server)
+    # /server_info's context_length is the CLI value (null here); the resolved one is /v1/models'.
+    assert limits.as_tuple() == (402816, 40960, 40954)
