@@ -158,7 +158,8 @@ class Runner:
             self.target = self.stack
         endpoints = self.target.endpoints
         self.journal.set_meta("target", {"kind": spec.kind, "router_url": endpoints.router_url,
-                                         "workers": [{"role": w.role, "url": w.url} for w in endpoints.workers]})
+                                         "workers": [{"role": w.role, "url": w.url} for w in endpoints.workers],
+                                         "placement": self._placement()})
         infos = {w.role: (_get_json(f"{w.url}/server_info") or {}) for w in endpoints.workers}
         self.journal.set_meta("environment", fingerprint(self.campaign.seed, infos))
         self.facts = discover_facts(endpoints.router_url, tuple(w.url for w in endpoints.workers))
@@ -169,6 +170,13 @@ class Runner:
                                              api="sglang")
         self.api = self.facts.api
         self._say(f"target up: router {endpoints.router_url}")
+
+    def _placement(self) -> dict[str, str]:
+        """Where each role's processes run (this machine, or which Ray node)."""
+        launcher = getattr(self.stack, "launcher", None)
+        if launcher is None:
+            return {}
+        return {role: launcher.placement(role) for role in ("prefill", "decode", "router")}
 
     def _stop_target(self) -> None:
         if self.stack is not None:

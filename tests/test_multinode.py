@@ -144,3 +144,28 @@ def test_stall_heal_reaches_a_remote_group_after_the_driver_is_gone(cluster: Any
     while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.2)
     assert not pid_alive(pid)
+
+
+def test_a_campaign_runs_across_the_cluster_and_records_where_each_role_ran(cluster: Any, tmp_path: Path) -> None:
+    """`pdchaos run --ray-address`: roles on their nodes, load actors on the load node, a stall
+    through the prefill node's agent, and a PASS with the placement in the journal."""
+    from chaos.campaign import parse_campaign
+    from chaos.journal import Journal
+    from chaos.runner import Runner
+
+    campaign = parse_campaign({
+        "name": "multinode", "seed": 3,
+        "target": {"kind": "sim", "sim": {"waiting_timeout_s": 2, "bootstrap_timeout_s": 3, "transfer_tokens_per_s": 20000}},
+        "load": {"profile": "canary-chat", "users": 4, "duration": "24s", "max_tokens": 16},
+        "probes": {"count": 4, "interval": "2s"},
+        "faults": {"windows": [{"fault": "transfer_stall", "at": "6s", "duration": "5s", "params": {"role": "prefill"}}]},
+        "oracles": {"enabled": ["canary", "reference", "status", "liveness"]},
+        "report": {"formats": ["json"]},
+    })
+    outcome = Runner(campaign, tmp_path / "run", ray_address=cluster.address, progress=False).run()
+    assert outcome.verdict.value == "PASS", outcome.reasons
+    with Journal.open(tmp_path / "run") as journal:
+        placement = journal.get_meta("target")["placement"]
+    assert cluster.prefill_node.node_id[:12] in placement["prefill"], placement
+    assert cluster.decode_node.node_id[:12] in placement["decode"], placement
+    assert not state_path(tmp_path / "run").exists()  # stopped, agents included
