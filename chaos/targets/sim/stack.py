@@ -28,6 +28,7 @@ from chaos.process import wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand, ProcessHandle
+from chaos.targets.sglang.router import RouterOptions, router_command  # the same router as the real stack
 from chaos.targets.sim.worker import command_for, env_for
 from chaos.targets.state import clear_state, state_path, write_state
 
@@ -61,17 +62,6 @@ class ProxyHandle:
 
 
 @dataclass(frozen=True)
-class RouterOptions:
-    # Retries and the circuit breaker hide faults (sglang-facts.md §2): off unless asked for.
-    retries: bool = False
-    circuit_breaker: bool = False
-    policy: str = "round_robin"
-    health_check_interval_s: int = 5
-    health_failure_threshold: int = 2
-    request_timeout_s: int = 1800
-
-
-@dataclass(frozen=True)
 class SimStackConfig:
     """Settings shared by both workers, with per-role overrides (the asymmetry faults create)."""
 
@@ -102,27 +92,6 @@ def sim_stack_config(spec: SimSpec) -> SimStackConfig:
                            health_check_interval_s=spec.router.health_check_interval_s)
     return SimStackConfig(worker=worker, prefill_overrides=dict(spec.prefill), decode_overrides=dict(spec.decode),
                           router=router, proxied_links=spec.proxied_links)
-
-
-def router_command(options: RouterOptions, port: int, metrics_port: int, prefill_url: str, bootstrap_port: int, decode_url: str,
-                   host: str = LOOPBACK) -> list[str]:
-    argv = [
-        sys.executable, "-m", "sglang_router.launch_router",
-        "--host", host, "--port", str(port), "--pd-disaggregation",
-        "--prefill", prefill_url, str(bootstrap_port), "--decode", decode_url,
-        "--policy", options.policy,
-        "--prometheus-host", host, "--prometheus-port", str(metrics_port),
-        "--worker-startup-check-interval", "1",
-        "--health-check-interval-secs", str(options.health_check_interval_s),
-        "--health-failure-threshold", str(options.health_failure_threshold),
-        "--health-success-threshold", "1",
-        "--request-timeout-secs", str(options.request_timeout_s),
-    ]
-    if not options.retries:
-        argv.append("--disable-retries")
-    if not options.circuit_breaker:
-        argv.append("--disable-circuit-breaker")
-    return argv
 
 
 class SimStack:
