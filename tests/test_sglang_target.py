@@ -359,3 +359,14 @@ def test_dialect_limits_read_server_info_then_models_for_the_context(fixture_ser
     limits = SGLANG.limits(fixture_server)
     # /server_info's context_length is the CLI value (null here); the resolved one is /v1/models'.
     assert limits.as_tuple() == (402816, 40960, 40954)
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_the_gpu_tests_short_campaign_validates(gpus: int, tmp_path: Path) -> None:
+    """The `gpu` test's campaign must be valid before anyone finds a GPU to run it on."""
+    from tests.test_sglang_gpu import short_campaign
+
+    campaign = parse_campaign(short_campaign(gpus, "/models/m", sys.executable, "mooncake_tcp"))
+    assert campaign.target.sglang is not None
+    prefill, decode, _ = SGLangStack(campaign.target.sglang, tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
+    assert (prefill.env["CUDA_VISIBLE_DEVICES"], decode.env["CUDA_VISIBLE_DEVICES"]) == (("0", "0") if gpus == 1 else ("0", "1"))
