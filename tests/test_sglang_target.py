@@ -212,8 +212,9 @@ def test_router_flags_exist_in_the_installed_sglang_router(tmp_path: Path) -> No
     ({"kv_canary": "none", "kv_canary_sweep_interval": 5, "kv_canary_real_data": None}, "need kv_canary: log or raise"),
     ({"prefill": {"gpu_ids": [0]}}, r"prefill.gpu_ids \[0\] has 1 GPU\(s\) for tp_size 2"),
     ({"prefill": {"gpu_ids": [0, 0]}}, "lists a GPU twice"),
-    ({"decode": {"gpu_ids": [1, 2]}, "mem_fraction_static": None}, r"share GPU\(s\) \[1\]: set mem_fraction_static"),
-    ({"decode": {"gpu_ids": [1, 2], "mem_fraction_static": 0.5}}, "leave no room for activations"),
+    ({"host": "10.0.0.5", "decode": {"gpu_ids": [1, 2]}, "mem_fraction_static": None},
+     r"share GPU\(s\) \[1\] on one host: set mem_fraction_static"),
+    ({"host": "10.0.0.5", "decode": {"gpu_ids": [1, 2], "mem_fraction_static": 0.5}}, "leave no room for activations"),
     ({"extra_args": ["--port=1"]}, "extra_args sets --port"),
     ({"decode": {"extra_args": ["--tp", "4"]}}, "extra_args sets --tp"),
     ({"host": "0.0.0.0"}, "is a wildcard"),
@@ -227,13 +228,22 @@ def test_spec_rejects_inconsistent_settings(changes: dict[str, object], message:
         full_spec(**changes)
 
 
-def test_roles_on_one_gpu_with_fractions_that_fit_and_ports_on_separate_hosts() -> None:
+def test_roles_on_one_gpu_with_fractions_that_fit_and_ports_on_separate_hosts(tmp_path: Path) -> None:
     one_gpu = SGLangSpec(model_path="m", prefill={"gpu_ids": [0], "mem_fraction_static": 0.4},
                          decode={"gpu_ids": [0], "mem_fraction_static": 0.4})
     assert one_gpu.gpu_ids_of("prefill") == one_gpu.gpu_ids_of("decode") == [0]
+    assert SGLangStack(one_gpu, tmp_path).plan()[0].env["CUDA_VISIBLE_DEVICES"] == "0"
     # Two nodes may use the same port and the same GPU index.
     SGLangSpec(model_path="m", prefill={"host": "10.0.0.11", "port": 30000, "gpu_ids": [0]},
                decode={"host": "10.0.0.12", "port": 30000, "gpu_ids": [0]})
+
+
+def test_one_gpu_for_both_roles_is_checked_with_the_hosts_the_launcher_gives(tmp_path: Path) -> None:
+    """Without hosts in the campaign, only the launcher knows whether both roles share a node."""
+    spec = SGLangSpec(model_path="m", prefill={"gpu_ids": [0]}, decode={"gpu_ids": [0]})
+    assert [c.name for c in SGLangStack(spec, tmp_path, FakeLauncher()).plan()] == ["prefill", "decode", "router"]  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match=r"target.sglang: prefill and decode share GPU\(s\) \[0\] on one host"):
+        SGLangStack(spec, tmp_path).plan()  # this machine for both
 
 
 def test_campaign_errors_name_the_sglang_field() -> None:

@@ -197,20 +197,27 @@ class SGLangSpec(Strict):
         return self
 
     def _check_shared_gpus(self) -> None:
-        """Both roles on one GPU (a one-GPU machine) need a memory fraction each that leaves room."""
-        if self.prefill.host != self.decode.host:
-            return  # different nodes: GPU 0 of one is not GPU 0 of the other
+        """Here only where the campaign itself puts both roles on one host; the stack checks again
+        with the hosts the launcher gives (`shared_gpu_problem`)."""
+        prefill_host = self.host_of("prefill")
+        if prefill_host is not None and prefill_host == self.host_of("decode"):
+            problem = self.shared_gpu_problem()
+            if problem:
+                raise ValueError(problem)
+
+    def shared_gpu_problem(self) -> str | None:
+        """Both roles on one node's GPU (a one-GPU machine) need a memory fraction each that leaves room."""
         shared = sorted(set(self.gpu_ids_of("prefill")) & set(self.gpu_ids_of("decode")))
         if not shared:
-            return
+            return None
         fractions = [self.fraction_of(r) for r in ("prefill", "decode")]
         if None in fractions:
-            raise ValueError(f"prefill and decode share GPU(s) {shared}: set mem_fraction_static for both (each takes its "
-                             "share of the whole GPU), give them separate gpu_ids, or, on separate nodes, "
-                             "set prefill.host and decode.host")
+            return (f"prefill and decode share GPU(s) {shared} on one host: set mem_fraction_static for both (each takes "
+                    "its share of the whole GPU), or give them separate gpu_ids")
         if sum(f for f in fractions if f is not None) >= 0.95:
-            raise ValueError(f"prefill and decode share GPU(s) {shared} with memory fractions {fractions}, which leave no "
-                             "room for activations: keep their sum under 0.95")
+            return (f"prefill and decode share GPU(s) {shared} on one host with memory fractions {fractions}, which "
+                    "leave no room for activations: keep their sum under 0.95")
+        return None
 
     def _check_ports(self) -> None:
         """Two servers on one node cannot share a port. Roles with no host given may be on different

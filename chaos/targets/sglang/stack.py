@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from chaos.errors import UsageError
 from chaos.process import wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.dialect import SGLANG
@@ -55,6 +56,9 @@ class SGLangStack:
             return
         spec = self.spec
         self._hosts = {role: spec.host_of(role) or self.launcher.host(role) for role in (*ROLES, "router")}
+        problem = spec.shared_gpu_problem() if self._hosts["prefill"] == self._hosts["decode"] else None
+        if problem:
+            raise UsageError(f"target.sglang: {problem}")
 
         def port(given: int | None, role: str) -> int:
             return given if given is not None else self.launcher.free_port(role)
