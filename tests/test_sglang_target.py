@@ -63,8 +63,8 @@ class FakeLauncher:
     def placement(self, role: str) -> str:
         return f"node of {role}"
 
-    def launch(self, command: PlannedCommand) -> None:  # pragma: no cover - plan() never launches
-        raise AssertionError(f"plan() launched {command.name}")
+    def launch(self, command: PlannedCommand) -> None:
+        raise AssertionError(f"FakeLauncher starts nothing (asked for {command.name})")
 
     def state(self) -> dict[str, object]:
         return {}
@@ -241,9 +241,13 @@ def test_roles_on_one_gpu_with_fractions_that_fit_and_ports_on_separate_hosts(tm
 def test_one_gpu_for_both_roles_is_checked_with_the_hosts_the_launcher_gives(tmp_path: Path) -> None:
     """Without hosts in the campaign, only the launcher knows whether both roles share a node."""
     spec = SGLangSpec(model_path="m", prefill={"gpu_ids": [0]}, decode={"gpu_ids": [0]})
-    assert [c.name for c in SGLangStack(spec, tmp_path, FakeLauncher()).plan()] == ["prefill", "decode", "router"]  # type: ignore[arg-type]
+    local = SGLangStack(spec, tmp_path)
+    assert [c.name for c in local.plan()] == ["prefill", "decode", "router"]  # plan places every role here anyway
     with pytest.raises(UsageError, match=r"target.sglang: prefill and decode share GPU\(s\) \[0\] on one host"):
-        SGLangStack(spec, tmp_path).plan()  # this machine for both
+        local.up()  # this machine for both: refused before anything starts
+    assert local.procs == {} and not (tmp_path / "target.json").exists()
+    with pytest.raises(AssertionError, match=r"starts nothing \(asked for prefill\)"):
+        SGLangStack(spec, tmp_path, FakeLauncher()).up()  # type: ignore[arg-type]  # two nodes: it goes on to launch
 
 
 def test_campaign_errors_name_the_sglang_field() -> None:

@@ -56,9 +56,6 @@ class SGLangStack:
             return
         spec = self.spec
         self._hosts = {role: spec.host_of(role) or self.launcher.host(role) for role in (*ROLES, "router")}
-        problem = spec.shared_gpu_problem() if self._hosts["prefill"] == self._hosts["decode"] else None
-        if problem:
-            raise UsageError(f"target.sglang: {problem}")
 
         def port(given: int | None, role: str) -> int:
             return given if given is not None else self.launcher.free_port(role)
@@ -95,9 +92,10 @@ class SGLangStack:
     # ---------------------------------------------------------------------------- up/down ----
 
     def up(self) -> Endpoints:
+        self._resolve()
+        self._check_shared_gpus()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._resolve()
             # Both load their weights at once; each is awaited after both have started.
             for role in ROLES:
                 self._launch(self.worker_command(role))
@@ -111,6 +109,13 @@ class SGLangStack:
             self.down()
             raise
         return self.endpoints
+
+    def _check_shared_gpus(self) -> None:
+        """Checked at launch, with the hosts the launcher gave: `pdchaos plan` places every role
+        here, so only a run knows whether both roles really share a node's GPUs."""
+        problem = self.spec.shared_gpu_problem() if self._hosts["prefill"] == self._hosts["decode"] else None
+        if problem:
+            raise UsageError(f"target.sglang: {problem}")
 
     def _launch(self, command: PlannedCommand) -> None:
         self.procs[command.name] = self.launcher.launch(command)
