@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import stat
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,6 +100,7 @@ def test_up_serves_through_the_router_and_records_its_state(stack: SGLangStack) 
     assert server_info(stack, "prefill")["disaggregation_bootstrap_port"] == stack.ports.bootstrap
     # no GPU here: the pool check says so rather than failing
     assert [(c["role"], c["status"]) for c in stack.pool_report] == [("prefill", "unknown"), ("decode", "unknown")]
+    assert json.loads((stack.run_dir / "pool-check.json").read_text()) == stack.pool_report  # outlives target.json
 
 
 @pytest.mark.timeout(180)
@@ -157,7 +159,22 @@ def test_router_restart_and_a_stop_from_the_state_file_alone(tmp_path: Path) -> 
         assert s.processes("router")[0].pid != old
         assert httpx.get(f"{s.router_url}/readiness", timeout=5, trust_env=False).status_code == 200
         pids = group(s, "prefill") | group(s, "decode") | {s.processes("router")[0].pid}
-        done = stop_from_state(s.run_dir)  # what `pdchaos heal` does from another process
+        # What `pdchaos heal` does from another process. Here this process is still their parent:
+        # reap them meanwhile, as init would, or each would wait out its timeout as a zombie.
+        reaping = threading.Event()
+
+        def reap() -> None:
+            while not reaping.wait(0.05):
+                for proc in s.procs.values():
+                    proc.alive()  # Popen.poll() reaps an exited child
+
+        reaper = threading.Thread(target=reap, daemon=True)
+        reaper.start()
+        try:
+            done = stop_from_state(s.run_dir)
+        finally:
+            reaping.set()
+            reaper.join()
         assert len(done) == 3
         wait_until(lambda: gone(pids), 10, what="every process of every group stopped")
         assert not s.state_path(s.run_dir).exists()

@@ -12,6 +12,7 @@ process.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from chaos.targets.sglang.spec import SGLangSpec
 from chaos.targets.state import clear_state, state_path, write_state
 
 ROLES = ("prefill", "decode")
+POOL_CHECK_FILE = "pool-check.json"  # expected vs reported KV pool per role (chaos.gpu.PoolCheck)
 ROUTER_READY_TIMEOUT_S = 120.0  # its workers are already healthy by then: seconds, not minutes
 
 
@@ -103,7 +105,9 @@ class SGLangStack:
                 self._await_worker(role)
             self._start_router()
             self.write_state()
-            self.pool_report = [check.to_json() for check in pool_checks(self)]
+            self.pool_report = json.loads(json.dumps([check.to_json() for check in pool_checks(self)]))
+            # target.json goes with the stack; the run directory keeps this for the report's reader.
+            (self.run_dir / POOL_CHECK_FILE).write_text(json.dumps(self.pool_report, indent=2))
             self.write_state()
         except BaseException:
             self.down()
