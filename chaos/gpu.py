@@ -96,7 +96,7 @@ def _processes(handle: Any) -> tuple[GpuProcess, ...]:
                 continue
             used = getattr(p, "usedGpuMemory", None)
             name = _optional(pynvml.nvmlSystemGetProcessName, p.pid)
-            found[p.pid] = GpuProcess(p.pid, None if used is None else used / MIB, None if name is None else _text(name), kind)  # type: ignore[arg-type]
+            found[p.pid] = GpuProcess(p.pid, None if used is None else used / MIB, None if name is None else _text(name), kind)
     return tuple(found.values())
 
 
@@ -174,13 +174,14 @@ def compare_pool(role: str, gpus: Sequence[Gpu], mem_fraction_static: float | No
     """Judge one role's pool. Inputs are per rank (weights and KV of one GPU); None is unknown."""
     ids = tuple(g.index for g in gpus)
     others = tuple(p for g in gpus for p in g.processes if p.pid not in own_pids)
-    base = dict(role=role, gpu_ids=ids, mem_fraction_static=mem_fraction_static, weights_gib=weights_gib,
-                reported_kv_gib=reported_kv_gib, reported_pool_tokens=reported_pool_tokens, other_processes=others)
+    base: dict[str, Any] = {"role": role, "gpu_ids": ids, "mem_fraction_static": mem_fraction_static, "weights_gib": weights_gib,
+                            "reported_kv_gib": reported_kv_gib, "reported_pool_tokens": reported_pool_tokens,
+                            "other_processes": others}
     missing = [name for name, value in (("the role's GPUs in the inventory", gpus or None),
                                         ("the memory fraction", mem_fraction_static), ("the weights' memory", weights_gib),
                                         ("the KV pool's memory", reported_kv_gib)) if value is None]
     if missing:
-        return PoolCheck(status="unknown", reason="cannot compare: no reading of " + ", ".join(missing), **base)  # type: ignore[arg-type]
+        return PoolCheck(status="unknown", reason="cannot compare: no reading of " + ", ".join(missing), **base)
     assert mem_fraction_static is not None and weights_gib is not None and reported_kv_gib is not None
     total_gib = min(g.memory_total_gib for g in gpus)  # SGLang sizes every rank by the smallest
     expected_kv = total_gib * mem_fraction_static - weights_gib
@@ -191,13 +192,13 @@ def compare_pool(role: str, gpus: Sequence[Gpu], mem_fraction_static: float | No
     base.update(gpu_total_gib=total_gib, expected_kv_gib=expected_kv, expected_pool_tokens=expected_tokens)
     said = f"KV pool {reported_kv_gib:.2f} GiB vs {expected_kv:.2f} GiB expected ({total_gib:.1f} GiB x {mem_fraction_static} - {weights_gib:.2f} GiB weights)"
     if expected_kv <= 0:
-        return PoolCheck(status="low", reason=f"{said}: the fraction does not even hold the weights", **base)  # type: ignore[arg-type]
+        return PoolCheck(status="low", reason=f"{said}: the fraction does not even hold the weights", **base)
     if reported_kv_gib > expected_kv * (1 + tolerance):
         return PoolCheck(status="high", reason=f"{said}: more than the fraction allows; is the fraction or the GPU "
-                                               "assignment what the campaign says?", **base)  # type: ignore[arg-type]
+                                               "assignment what the campaign says?", **base)
     if reported_kv_gib < expected_kv * (1 - tolerance):
         held = sum(p.used_memory_mib or 0.0 for p in others) / 1024
         who = f"; other processes on these GPUs hold {held:.2f} GiB now" if others else ""
         return PoolCheck(status="low", reason=f"{said}: something else held GPU memory when the engine sized its pool{who}",
-                         **base)  # type: ignore[arg-type]
-    return PoolCheck(status="ok", reason=said, **base)  # type: ignore[arg-type]
+                         **base)
+    return PoolCheck(status="ok", reason=said, **base)

@@ -29,7 +29,7 @@ def test_this_machine_without_a_gpu_says_no_gpu_and_nothing_fails() -> None:
 @dataclass
 class FakeProc:
     pid: int
-    usedGpuMemory: int | None  # noqa: N815 (NVML's name)
+    usedGpuMemory: int | None
 
 
 @dataclass
@@ -41,7 +41,7 @@ class FakeMemory:
 
 @dataclass
 class FakePci:
-    busId: bytes  # noqa: N815
+    busId: bytes
 
 
 def fake_nvml(init_error: str | None = None, fail_on_device: int | None = None) -> types.ModuleType:
@@ -51,11 +51,11 @@ def fake_nvml(init_error: str | None = None, fail_on_device: int | None = None) 
     class NVMLError(Exception):
         pass
 
-    class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801 (NVML's name)
+    class NVMLError_LibraryNotFound(NVMLError):
         def __str__(self) -> str:
             return "NVML Shared Library Not Found"
 
-    class NVMLError_NotSupported(NVMLError):  # noqa: N801
+    class NVMLError_NotSupported(NVMLError):
         pass
 
     calls: list[str] = []

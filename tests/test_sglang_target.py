@@ -196,7 +196,7 @@ def test_router_command_is_pd_mode_with_retries_and_breaker_off_by_default(tmp_p
 @pytest.mark.timeout(120)
 def test_router_flags_exist_in_the_installed_sglang_router(tmp_path: Path) -> None:
     help_text = subprocess.run([sys.executable, "-m", "sglang_router.launch_router", "--help"], capture_output=True,
-                               text=True, timeout=100).stdout
+                               text=True, timeout=100, check=False).stdout
     assert "--pd-disaggregation" in help_text, help_text[:2000]
     known = set(re.findall(r"--[a-z][a-z0-9-]+", help_text))
     for spec in (full_spec(), full_spec(router={"retries": True, "max_retries": 2, "circuit_breaker": True, "cb_failure_threshold": 4})):
