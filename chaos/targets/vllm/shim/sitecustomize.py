@@ -1,0 +1,5 @@
+"""Loaded by every Python process of a pdchaos-launched vLLM engine (this directory is on PYTHONPATH)."""
+
+import pdchaos_nixl_delay
+
+pdchaos_nixl_delay.install()

@@ -1,0 +1,357 @@
+"""The vLLM CPU PD pair launched by pdchaos: a prefill and a decode engine and vllm-router in front.
+
+Prefill is a `kv_producer`, decode a `kv_consumer` (NixlConnector, KV buffers in CPU memory, UCX
+over loopback); decode pulls each prompt's KV from prefill. The front is the real `vllm-router`
+(`--vllm-pd-disaggregation`): it sends a request to prefill with max_tokens 1 and
+`do_remote_decode`, then to decode with the `kv_transfer_params` prefill returned, and streams
+decode's answer back. Every process runs in its own session (killing one vLLM PID leaves its
+EngineCore and Worker alive, components.md §8), with the vLLM venv's python, through `engine.py`
+(the NIXL idle-CPU fix). Readiness: each engine's `/health`, then the router's `/health` and `/readiness`
+(200 once it holds a healthy prefill and decode).
+Ports come from below the kernel's ephemeral range: vLLM's own sockets bind ephemeral ports and
+can take one between our choice and the engine's bind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from chaos.errors import TargetError
+from chaos.process import wait_http_ok
+from chaos.targets.base import Endpoints, WorkerEndpoint
+from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand, ProcessHandle
+from chaos.targets.state import clear_state, state_path, write_state
+from chaos.targets.vllm.dialect import VllmDialect
+from chaos.targets.vllm.spec import VllmSpec
+
+ROLES = ("prefill", "decode")
+REPO = Path(__file__).resolve().parents[3]
+ENGINE_SCRIPT = Path(__file__).resolve().parent / "engine.py"
+KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+PORT_RANGE = (20000, 32000)  # below the ephemeral range (32768-60999 by default)
+ROUTER_READY_TIMEOUT_S = 60.0
+ROUTER_HEALTH_INTERVAL_S = 2
+BIND_RETRIES = 3  # an engine that lost its port to another socket is started again on new ones
+
+
+@dataclass
+class RoleSettings:
+    """What a role runs with; restart() changes these (memory_fraction's keys map onto them)."""
+
+    max_model_len: int
+    kv_cache_bytes: int
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Ports:
+    router: int
+    router_metrics: int
+    http: dict[str, int]
+    side_channel: dict[str, int]
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def low_ports(host: str, count: int, rng: random.Random) -> list[int]:
+    """`count` distinct free ports from PORT_RANGE (never handed out by the kernel for port 0)."""
+    chosen: list[int] = []
+    while len(chosen) < count:
+        port = rng.randrange(*PORT_RANGE)
+        if port not in chosen and _bindable(host, port):
+            chosen.append(port)
+    return chosen
+
+
+class VllmStack:
+    """Plan, launch, inspect, restart and stop the vLLM CPU PD pair."""
+
+    kind = "vllm"
+
+    def __init__(self, spec: VllmSpec, run_dir: Path, launcher: Launcher | None = None) -> None:
+        self.spec = spec
+        self.run_dir = run_dir
+        self.launcher = launcher or LocalLauncher()
+        self.log_dir = run_dir / "logs"
+        self.dialect = VllmDialect(dev_mode=spec.server_dev_mode)
+        self.procs: dict[str, ProcessHandle] = {}
+        self.settings: dict[str, RoleSettings] = {
+            role: RoleSettings(getattr(spec, role).max_model_len or spec.max_model_len,
+                               getattr(spec, role).kv_cache_bytes or spec.kv_cache_bytes)
+            for role in ROLES
+        }
+        self._hosts = {role: self.launcher.host(role) for role in (*ROLES, "router")}
+        self._rng = random.Random()
+        self._ports: Ports | None = None
+        self.bytes_per_token: dict[str, float] = {}  # KV bytes per token, read from each engine
+        self.startup_s: dict[str, float] = {}  # measured: launch to ready, per process
+
+    # ---------------------------------------------------------------------------- planning ----
+
+    @property
+    def venv_python(self) -> Path:
+        venv = Path(self.spec.venv)
+        return (venv if venv.is_absolute() else REPO / venv) / "bin" / "python"
+
+    @property
+    def model_dir(self) -> Path:
+        if self.spec.model:
+            return Path(self.spec.model)
+        return self.venv_python.parent.parent / "models" / "tiny-llama"
+
+    def check_installed(self) -> None:
+        if not self.venv_python.exists():
+            raise TargetError(f"the vLLM venv is missing ({self.venv_python}); run `make vllm-env`")
+        if not (self.model_dir / "config.json").exists():
+            raise TargetError(f"no model at {self.model_dir}; `make vllm-env` builds the tiny one")
+
+    @property
+    def ports(self) -> Ports:
+        if self._ports is None:
+            self._ports = self._pick_ports()
+        return self._ports
+
+    def _pick_ports(self) -> Ports:
+        def pick(role: str, count: int) -> list[int]:
+            if isinstance(self.launcher, LocalLauncher):
+                return low_ports(self._hosts[role], count, self._rng)
+            return [self.launcher.free_port(role) for _ in range(count)]
+
+        router = pick("router", 2)
+        prefill, decode = pick("prefill", 2), pick("decode", 2)
+        return Ports(router=router[0], router_metrics=router[1], http={"prefill": prefill[0], "decode": decode[0]},
+                     side_channel={"prefill": prefill[1], "decode": decode[1]})
+
+    def engine_command(self, role: str) -> PlannedCommand:
+        s, spec, host = self.settings[role], self.spec, self._hosts[role]
+        kv_config: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_role": KV_ROLE[role], "kv_buffer_device": "cpu"}
+        if spec.kv_lease_s is not None:
+            kv_config["kv_connector_extra_config"] = {"kv_lease_duration": spec.kv_lease_s}
+        argv = [str(self.venv_python), str(ENGINE_SCRIPT), "--model", str(self.model_dir),
+                "--served-model-name", spec.served_model_name, "--host", host, "--port", str(self.ports.http[role]),
+                "--max-model-len", str(s.max_model_len), "--dtype", "bfloat16",
+                "--kv-cache-memory-bytes", str(s.kv_cache_bytes), "--kv-transfer-config", json.dumps(kv_config),
+                "--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching",
+                "--enable-log-requests"]  # at INFO: ids and params, no prompts; and "Request X aborted."
+        if spec.enforce_eager:
+            argv.append("--enforce-eager")
+        env = {
+            "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.ports.side_channel[role]),
+            "PDCHAOS_NIXL_PTHR_DELAY_US": str(spec.nixl_progress_delay_us),
+        }
+        if spec.server_dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        if (os.cpu_count() or 1) >= 2:  # one core each: two engines spinning OpenMP on both cores fight
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(ROLES.index(role))
+        env.update(spec.env)
+        env.update(s.env)
+        return PlannedCommand(role, role, argv, self.log_dir / f"{role}.log", env, f"{self.worker_url(role)}/health")
+
+    def router_command(self) -> PlannedCommand:
+        host, ports = self._hosts["router"], self.ports
+        # Retries and the circuit breaker would hide faults from the suite: off.
+        argv = [str(self.venv_python), "-m", "vllm_router.launch_router", "--host", host, "--port", str(ports.router),
+                "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+                "--prefill", self.worker_url("prefill"), "--decode", self.worker_url("decode"),
+                "--prometheus-host", host, "--prometheus-port", str(ports.router_metrics),
+                "--disable-retries", "--disable-circuit-breaker", "--worker-startup-check-interval", "1",
+                "--health-check-interval-secs", str(ROUTER_HEALTH_INTERVAL_S), "--health-failure-threshold", "2",
+                "--health-success-threshold", "1", "--request-timeout-secs", "300"]
+        env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"}
+        return PlannedCommand("router", "router", argv, self.log_dir / "router.log", env, f"{self.router_url}/health")
+
+    def plan(self) -> list[PlannedCommand]:
+        return [self.engine_command("prefill"), self.engine_command("decode"), self.router_command()]
+
+    # ---------------------------------------------------------------------------- up/down ----
+
+    def up(self) -> Endpoints:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.check_installed()
+        try:
+            for attempt in range(BIND_RETRIES):
+                started = time.monotonic()
+                for role in ROLES:  # both load at once; each is awaited after both started
+                    self._launch(self.engine_command(role))
+                try:
+                    for role in ROLES:
+                        self._await_engine(role, started)
+                    break
+                except RuntimeError as exc:
+                    if attempt + 1 == BIND_RETRIES or not _lost_port(str(exc)):
+                        raise
+                    for role in ROLES:  # another socket took a port first: new ports, again
+                        self.procs[role].stop(timeout_s=30.0)
+                    self._ports = None
+            self._start_router()
+            self._read_bytes_per_token()
+            self.write_state()
+        except BaseException:
+            self.down()
+            raise
+        return self.endpoints
+
+    def _launch(self, command: PlannedCommand) -> None:
+        self.procs[command.name] = self.launcher.launch(command)
+        self.write_state()  # at once: a run killed while the engines load must still be stoppable
+
+    def _await_engine(self, role: str, started: float) -> None:
+        wait_http_ok(self.worker_url(role) + "/health", self.spec.startup_timeout_s, self.procs[role], interval_s=1.0)
+        self.startup_s[role] = time.monotonic() - started
+
+    def _start_router(self) -> None:
+        started = time.monotonic()
+        self._launch(self.router_command())
+        wait_http_ok(self.router_url + "/health", ROUTER_READY_TIMEOUT_S, self.procs["router"], interval_s=0.5)
+        self._await_router_sees("router")
+        self.startup_s["router"] = time.monotonic() - started
+
+    def _read_bytes_per_token(self) -> None:
+        for role in ROLES:
+            pool = self.dialect.limits(self.worker_url(role)).pool_tokens
+            if pool:
+                self.bytes_per_token[role] = self.settings[role].kv_cache_bytes / pool
+
+    def down(self) -> None:
+        for name in ("router", "decode", "prefill"):
+            proc = self.procs.get(name)
+            if proc is not None:
+                proc.stop(timeout_s=30.0)  # SIGTERM lets the API server take its engine children down
+        clear_state(self.run_dir)
+        self.launcher.close()
+
+    def restart(self, role: str, env: dict[str, str] | None = None, **overrides: Any) -> None:
+        """Restart one role (router included) with changed settings and wait until it serves.
+
+        `context_length` sets --max-model-len; `max_total_tokens` sets --kv-cache-memory-bytes to
+        that many tokens of KV. vLLM on CPU sizes its cache in bytes, so `mem_fraction_static`
+        has no meaning here. `env` replaces the role's own environment; None keeps it.
+        """
+        if role == "router":
+            self.procs["router"].stop()
+            self._start_router()
+            self.write_state()
+            return
+        if role not in ROLES:
+            raise TargetError(f"the vLLM pair has no role {role!r}; roles: prefill, decode, router")
+        settings = self._with_overrides(role, env, overrides)
+        self.procs[role].stop(timeout_s=30.0)
+        self.settings[role] = settings
+        for attempt in range(BIND_RETRIES):
+            started = time.monotonic()
+            self._launch(self.engine_command(role))
+            try:
+                self._await_engine(role, started)
+                break
+            except RuntimeError as exc:  # the same ports are kept: the router knows them
+                if attempt + 1 == BIND_RETRIES or not _lost_port(str(exc)):
+                    raise
+                time.sleep(2.0)
+        self._await_router_sees(role)
+        self.write_state()
+
+    def _with_overrides(self, role: str, env: dict[str, str] | None, overrides: dict[str, Any]) -> RoleSettings:
+        current = self.settings[role]
+        changed = dataclasses.replace(current, env=dict(env) if env is not None else dict(current.env))
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key == "context_length":
+                changed.max_model_len = int(value)
+            elif key == "max_total_tokens":
+                per_token = self.bytes_per_token.get(role)
+                if per_token is None:
+                    raise TargetError(f"{role}: its KV bytes per token are unknown (no vllm:cache_config_info), "
+                                      "so max_total_tokens cannot be turned into --kv-cache-memory-bytes")
+                changed.kv_cache_bytes = int(round(int(value) * per_token))
+            elif key == "mem_fraction_static":
+                raise TargetError("mem_fraction_static: vLLM on CPU sizes its KV cache in bytes "
+                                  "(--kv-cache-memory-bytes); change max_total_tokens instead")
+            else:
+                raise TargetError(f"{role}: cannot change {key!r} on the vLLM pair; "
+                                  "it takes context_length, max_total_tokens and env")
+        return changed
+
+    def _await_router_sees(self, role: str) -> None:
+        """The router marks a revived worker healthy on its next health check: wait for that
+        (its /readiness is 200 only while it holds a healthy prefill and decode)."""
+        wait_http_ok(self.router_url + "/readiness", ROUTER_READY_TIMEOUT_S, self.procs["router"], interval_s=0.5)
+
+    # -------------------------------------------------------------------------- inspection ----
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self._hosts['router']}:{self.ports.router}"
+
+    def worker_url(self, role: str) -> str:
+        return f"http://{self._hosts[role]}:{self.ports.http[role]}"
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return Endpoints(
+            router_url=self.router_url,
+            workers=(WorkerEndpoint("prefill", self.worker_url("prefill"), self.ports.side_channel["prefill"]),
+                     WorkerEndpoint("decode", self.worker_url("decode"))),
+            router_metrics_url=f"http://{self._hosts['router']}:{self.ports.router_metrics}/metrics",
+        )
+
+    def processes(self, role: str) -> list[ProcessHandle]:  # type: ignore[override]
+        return [p for name, p in self.procs.items() if name == role]
+
+    def role_settings(self, role: str) -> dict[str, Any]:
+        """The restartable settings of a role, in the form `restart()` takes."""
+        if role not in self.settings:
+            return {}
+        s = self.settings[role]
+        per_token = self.bytes_per_token.get(role)
+        pool = int(round(s.kv_cache_bytes / per_token)) if per_token else None
+        return {"context_length": s.max_model_len, "max_total_tokens": pool, "env": dict(s.env)}
+
+    def logs(self, role: str) -> str:
+        proc = self.procs.get(role)
+        if proc is not None:
+            return proc.read_log()
+        path = self.log_dir / f"{role}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def router_workers(self) -> Any:
+        """The router's own view of its workers (health included), for diagnostics."""
+        try:
+            return httpx.get(f"{self.router_url}/workers", timeout=3.0, trust_env=False).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    # -------------------------------------------------------------------------- state file ----
+
+    state_path = staticmethod(state_path)
+
+    def write_state(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_state(self.run_dir, self.kind, self.endpoints, self.procs, self.launcher, self.log_dir, extra={
+            "commands": [{"name": c.name, "placement": self.launcher.placement(c.role), "shell": c.shell()} for c in self.plan()],
+            "settings": {role: dataclasses.asdict(s) for role, s in self.settings.items()},
+            "startup_s": self.startup_s,
+        })
+
+
+def _lost_port(error: str) -> bool:
+    return "Address already in use" in error or "address already in use" in error
