@@ -384,3 +384,65 @@ def test_the_gpu_tests_short_campaign_validates(gpus: int, tmp_path: Path) -> No
     assert campaign.target.sglang is not None
     prefill, decode, _ = SGLangStack(campaign.target.sglang, tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
     assert (prefill.env["CUDA_VISIBLE_DEVICES"], decode.env["CUDA_VISIBLE_DEVICES"]) == (("0", "0") if gpus == 1 else ("0", "1"))
+
+
+# ------------------------------------------------------------------------------ readiness ----
+
+
+class FakeProcess:
+    def __init__(self, alive: bool = True) -> None:
+        self.name, self.returncode, self._alive = "prefill", None if alive else 1, alive
+
+    def alive(self) -> bool:
+        return self._alive
+
+    def read_log(self) -> str:
+        return "Loading safetensors checkpoint shards\nCUDA out of memory"
+
+
+@pytest.fixture
+def health_server() -> Iterator[tuple[str, list[float]]]:
+    """/health answers 503 twice, then 200 after 2.5 s (SGLang's generate-backed health, warming up)."""
+    import time
+    from http.server import BaseHTTPRequestHandler
+
+    calls: list[float] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            calls.append(time.monotonic())
+            if len(calls) <= 2:
+                self.send_response(503)
+            else:
+                time.sleep(2.5)
+                self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/health", calls
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_readiness_waits_through_503_and_slow_answers(health_server: tuple[str, list[float]]) -> None:
+    from chaos.targets.sglang.readiness import await_health
+
+    url, calls = health_server
+    await_health(url, 30, FakeProcess())  # type: ignore[arg-type]
+    assert len(calls) == 3  # the slow 200 was waited for, not abandoned and retried
+
+
+def test_readiness_stops_at_once_when_the_server_dies_and_names_its_log() -> None:
+    from chaos.targets.sglang.readiness import await_health
+
+    with pytest.raises(RuntimeError, match=r"(?s)prefill exited with code 1 .*CUDA out of memory"):
+        await_health("http://127.0.0.1:9/health", 30, FakeProcess(alive=False))  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError, match=r"(?s)did not answer 200 within 1s \(last: ConnectError\).*CUDA out of memory"):
+        await_health("http://127.0.0.1:9/health", 1, FakeProcess())  # type: ignore[arg-type]

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import UsageError
-from chaos.process import wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.dialect import SGLANG
 from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand, ProcessHandle
 from chaos.targets.sglang.commands import server_command, server_env, sglang_router_command
 from chaos.targets.sglang.pool import pool_checks
+from chaos.targets.sglang.readiness import await_health
 from chaos.targets.sglang.settings import Ports, WorkerSettings, as_restart_settings, with_overrides, worker_settings
 from chaos.targets.sglang.spec import SGLangSpec
 from chaos.targets.state import clear_state, state_path, write_state
@@ -126,12 +126,12 @@ class SGLangStack:
         self.write_state()  # at once: a run killed while the model loads must still be stoppable
 
     def _await_worker(self, role: str) -> None:
-        wait_http_ok(self.worker_url(role) + "/health", self.spec.startup_timeout_s, self.procs[role], interval_s=1.0)
+        await_health(self.worker_url(role) + "/health", self.spec.startup_timeout_s, self.procs[role])
 
     def _start_router(self) -> None:
         command = self.router_command()
         self._launch(command)
-        wait_http_ok(self.router_url + "/readiness", ROUTER_READY_TIMEOUT_S, self.procs["router"], interval_s=0.5)
+        await_health(self.router_url + "/readiness", ROUTER_READY_TIMEOUT_S, self.procs["router"])
 
     def down(self) -> None:
         for name in ("router", "decode", "prefill"):
