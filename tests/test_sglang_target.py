@@ -446,3 +446,19 @@ def test_readiness_stops_at_once_when_the_server_dies_and_names_its_log() -> Non
         await_health("http://127.0.0.1:9/health", 30, FakeProcess(alive=False))  # type: ignore[arg-type]
     with pytest.raises(TimeoutError, match=r"(?s)did not answer 200 within 1s \(last: ConnectError\).*CUDA out of memory"):
         await_health("http://127.0.0.1:9/health", 1, FakeProcess())  # type: ignore[arg-type]
+
+
+def test_ports_chosen_free_never_repeat_one_already_taken(tmp_path: Path) -> None:
+    class RepeatingLauncher(FakeLauncher):
+        """Hands out 30100 (the campaign's prefill port) and each other port twice, as an OS may."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.answers = iter([30100, 41000, 41000, 41001, 41001, 41002, 41003, 41004, 41005])
+
+        def free_port(self, role: str) -> int:
+            return next(self.answers)
+
+    ports = SGLangStack(SGLangSpec(model_path="m", prefill={"port": 30100}), tmp_path, RepeatingLauncher()).ports  # type: ignore[arg-type]
+    assert (ports.prefill, ports.decode, ports.prefill_nccl, ports.decode_nccl) == (30100, 41000, 41001, 41002)
+    assert (ports.bootstrap, ports.router, ports.router_metrics) == (41003, 41004, 41005)

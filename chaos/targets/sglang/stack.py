@@ -59,8 +59,18 @@ class SGLangStack:
         spec = self.spec
         self._hosts = {role: spec.host_of(role) or self.launcher.host(role) for role in (*ROLES, "router")}
 
+        taken = {p for p in (spec.prefill.port, spec.decode.port, spec.prefill.nccl_port, spec.decode.nccl_port,
+                             spec.bootstrap_port, spec.router.port, spec.router.metrics_port) if p is not None}
+
         def port(given: int | None, role: str) -> int:
-            return given if given is not None else self.launcher.free_port(role)
+            if given is not None:
+                return given
+            for _ in range(50):  # a port free now may be handed out twice: seven must differ
+                chosen = self.launcher.free_port(role)
+                if chosen not in taken:
+                    taken.add(chosen)
+                    return chosen
+            raise UsageError(f"no free port for {role} that differs from the others ({sorted(taken)})")
 
         self._ports = Ports(
             prefill=port(spec.prefill.port, "prefill"), decode=port(spec.decode.port, "decode"),
