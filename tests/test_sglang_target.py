@@ -264,7 +264,11 @@ def test_shipped_launch_campaign_validates_and_plans(tmp_path: Path) -> None:
 
     applicable = {name for name, cls in FAULTS.items() if "sglang" in cls.targets}
     assert {w.fault for w in campaign.windows()} == applicable  # one window of every fault that applies
-    prefill, decode, router = SGLangStack(campaign.target.sglang, tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
+    from chaos.targets.factory import build_stack
+
+    stack = build_stack(campaign, tmp_path, FakeLauncher())  # type: ignore[arg-type]  # what `pdchaos run` and `plan` build
+    assert isinstance(stack, SGLangStack) and stack.kind == "sglang" and stack.dialect is SGLANG
+    prefill, decode, router = stack.plan()
     assert (prefill.env["CUDA_VISIBLE_DEVICES"], decode.env["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
     assert int(prefill.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"]) < 300
     assert "--disable-retries" in router.argv and "--disable-circuit-breaker" in router.argv
