@@ -49,6 +49,7 @@ from chaos.oracles.canary import (
 from faults.base import Confirmation, Fault, FaultContext, FaultParams
 from faults.links import FaultNotAvailable
 from chaos.targets.dialect import dialect_of
+from faults.signals import LogCursor
 from faults.undo import UndoAction
 
 FAULT_INDEX_BASE = 1_000_000_000  # far above the load's indices (it counts up from 10 000)
@@ -93,7 +94,7 @@ def window_index_base(window_id: str) -> int:
 class TrafficFault(Fault):
     """A fault that sends requests: a run prefix, marker indices, rids, and the journal."""
 
-    targets = frozenset({"sim", "sglang", "attach"})  # traffic only: any SGLang-shaped URL
+    targets = frozenset({"sim", "sglang", "attach", "vllm"})  # traffic only: any SGLang- or OpenAI-shaped URL
 
     def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
         return []  # requests end by themselves; nothing is left to undo
@@ -107,6 +108,8 @@ class TrafficFault(Fault):
         base = getattr(self.params, "index_base", 0) or window_index_base(ctx.window_id or self.name)
         self._indices: Iterator[int] = iter(range(base, base + INDEX_SPAN))
         self._window = ctx.window_id or "adhoc"
+        # The request shape the target's engine speaks (SGLang /generate unless its dialect says otherwise).
+        self._api = getattr(dialect_of(ctx.target), "request_api", "sglang")
 
     def next_index(self) -> int:
         return next(self._indices)
@@ -123,7 +126,8 @@ class TrafficFault(Fault):
                  stream: bool) -> Exchange:
         text, markers = prompt
         return Exchange(rid=self.rid(index), index=index, prompt=text, markers=markers, user_kind=user_kind,
-                        actor=f"fault/{self._window}/{self.name}", max_tokens=max_tokens, stream=stream)
+                        actor=f"fault/{self._window}/{self.name}", max_tokens=max_tokens, stream=stream,
+                        api=self._api, endpoint="/v1/completions" if self._api == "openai" else "/generate")
 
     def journal(self, ctx: FaultContext, exchanges: list[Exchange]) -> None:
         if ctx.journal is not None and exchanges:
@@ -143,6 +147,7 @@ class Exchange:
     actor: str
     max_tokens: int
     stream: bool
+    api: str = "sglang"  # "sglang": /generate; "openai": /v1/completions (vLLM)
     endpoint: str = "/generate"
     t_send: float | None = None
     t_first_byte: float | None = None
@@ -165,6 +170,12 @@ class Exchange:
     anomalies: list[str] = field(default_factory=list)
 
     def body(self) -> dict[str, Any]:
+        if self.api == "openai":
+            body: dict[str, Any] = {"prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0,
+                                    "stream": self.stream, "ignore_eos": True}
+            if self.stream:
+                body["stream_options"] = {"include_usage": True}
+            return body
         return {"text": self.prompt, "rid": self.rid, "stream": self.stream,
                 "sampling_params": {"max_new_tokens": self.max_tokens, "temperature": 0}}
 
@@ -190,6 +201,8 @@ class Exchange:
         if obj.get("object") == "error":
             self.error_message = str(obj.get("message", ""))[:500]
             return False
+        if self.api == "openai":
+            return self._apply_openai(obj, now)
         if isinstance(obj.get("text"), str):
             self.text = obj["text"]
         meta = obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else {}
@@ -200,6 +213,36 @@ class Exchange:
             self.finish = meta["finish_reason"]
         ids = obj.get("output_ids")
         count = len(ids) if isinstance(ids, list) else (self.completion_tokens or 0)
+        if count > self.tokens:
+            self.tokens = count
+            self.token_times.append(now)
+            return True
+        return False
+
+    def _apply_openai(self, obj: dict[str, Any], now: float) -> bool:
+        """A /v1/completions body or stream chunk: text (a delta when streamed), finish, usage."""
+        usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
+        for name in ("prompt_tokens", "completion_tokens"):
+            if isinstance(usage.get(name), int):
+                setattr(self, name, usage[name])
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            self.cached_tokens = details["cached_tokens"]
+        choices = obj.get("choices") if isinstance(obj.get("choices"), list) else []
+        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+        if isinstance(choice.get("finish_reason"), str):
+            self.finish = {"type": choice["finish_reason"]}
+        text = choice.get("text")
+        if not isinstance(text, str):
+            return False
+        if not self.stream:
+            self.text = text
+            count = self.completion_tokens or 0
+        else:
+            # vLLM streams one chunk per generated token; its text is "" while the detokenizer
+            # holds back an incomplete UTF-8 sequence, and the token still counts.
+            self.text += text
+            count = self.tokens + 1
         if count > self.tokens:
             self.tokens = count
             self.token_times.append(now)
@@ -304,6 +347,19 @@ def aborted_total(ctx: FaultContext) -> float:
     return sum(dialect.aborted(w.url) or 0.0 for w in ctx.target.endpoints.workers)
 
 
+def _abort_log_cursors(ctx: FaultContext) -> dict[str, LogCursor]:
+    """Where each worker's log ends now, for an engine that logs aborts instead of counting them."""
+    if getattr(dialect_of(ctx.target), "aborted_log", None) is None:
+        return {}
+    return {w.role: LogCursor.at_end(ctx.target.logs(w.role)) for w in ctx.target.endpoints.workers}
+
+
+def _abort_log_lines(ctx: FaultContext) -> int:
+    pattern = getattr(dialect_of(ctx.target), "aborted_log", None)
+    cursors: dict[str, LogCursor] = ctx.baseline.get("abort_logs", {})
+    return sum(cursor.count(ctx.target.logs(role), pattern) for role, cursor in cursors.items()) if pattern else 0
+
+
 def _client() -> httpx.AsyncClient:
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
     return httpx.AsyncClient(timeout=timeout, trust_env=False, limits=httpx.Limits(max_connections=64))
@@ -396,7 +452,11 @@ class ClientAbort(TrafficFault):
         if context is not None and p.prompt_tokens + p.max_new_tokens >= context:
             raise UsageError(f"client_abort: prompt_tokens + max_new_tokens ({p.prompt_tokens + p.max_new_tokens}) "
                              f"must stay under the target's context length {context}")
+        if p.method == "abort_request" and dialect_of(ctx.target).abort_path is None:
+            raise FaultNotAvailable(f"client_abort: {dialect_of(ctx.target).name} has no abort-by-id endpoint; "
+                                    "use method: disconnect")
         ctx.baseline["aborted_before"] = aborted_total(ctx)
+        ctx.baseline["abort_logs"] = _abort_log_cursors(ctx)
         exchanges: list[Exchange] = []
         try:
             asyncio.run(self._run(ctx, exchanges))
@@ -452,8 +512,9 @@ class ClientAbort(TrafficFault):
             await asyncio.gather(task, return_exceptions=True)
             return
         ex.abort_sent_at = time.time()
+        path = dialect_of(ctx.target).abort_path
         answers = await asyncio.gather(*(
-            client.post(f"{w.url}/abort_request", json={"rid": ex.rid}, timeout=CONTROL_TIMEOUT_S)
+            client.post(f"{w.url}{path}", json={"rid": ex.rid}, timeout=CONTROL_TIMEOUT_S)
             for w in ctx.target.endpoints.workers
         ), return_exceptions=True)
         ex.notes.append("abort_request answers: " + ", ".join(
@@ -469,7 +530,11 @@ class ClientAbort(TrafficFault):
         if not exchanges:
             return Confirmation(False, "no request was sent")
         ended = [e for e in exchanges if self._ended_as_abort(e)]
-        rose = aborted_total(ctx) - ctx.baseline.get("aborted_before", 0.0)
+        counted = aborted_total(ctx) - ctx.baseline.get("aborted_before", 0.0)
+        logged = _abort_log_lines(ctx)
+        rose = counted + logged
+        counters = "/".join(dialect_of(ctx.target).aborted_metrics)
+        moved = f"workers' {counters} +{max(counted, 0):.0f}" + (f", abort log lines +{logged}" if ctx.baseline.get("abort_logs") else "")
         plan: AbortPlan | None = ctx.baseline.get("plan")
         delay = plan.delay(self.p.phase) if plan else None
         when = "after the first streamed token" if delay is None else f"at {1000 * delay:.0f} ms"
@@ -477,7 +542,7 @@ class ClientAbort(TrafficFault):
         evidence = (f"{self.p.method} {when} ({self.p.phase}; {plan.describe() if plan else 'no plan'}): "
                     f"{len(ended)}/{len(exchanges)} ended as {'a disconnect' if self.p.method == 'disconnect' else 'an abort'} "
                     f"({', '.join(f'{k} x{v}' for k, v in sorted(outcomes.items()))}); "
-                    f"workers' aborted-request counters +{max(rose, 0):.0f}")
+                    f"{moved}")
         return Confirmation(bool(ended) and rose > 0, evidence)
 
     def _ended_as_abort(self, ex: Exchange) -> bool:

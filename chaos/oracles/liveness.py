@@ -17,6 +17,12 @@ snapshot must show, on that role,
 A breach is FAIL with the numbers. `data` may be one object or a list of per-rank objects (DP);
 ranks are paired by position. No `after_drain` snapshot at all, or none of a role's baseline to
 compare the token counts with, is INCONCLUSIVE with a note.
+
+An engine without `/v1/loads` (vLLM) is judged from the `/metrics` snapshots the runner journals
+before the load and after the drain (`probe/metrics`, phases "before" and "after"), where they
+carry vLLM's gauges: `vllm:num_requests_running` and `vllm:num_requests_waiting` must be 0, and
+`vllm:kv_cache_usage_perc` (blocks held by requests; cached free blocks do not count) no higher
+than before the load.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from chaos.facts import parse_prometheus_text
 from chaos.journal import RequestRecord
 from chaos.oracles.base import OracleContext
 from chaos.verdict import Finding, OracleResult, Verdict
@@ -34,6 +41,8 @@ AFTER_DRAIN = "after_drain"
 QUEUE_KEYS = ("num_running_reqs", "num_waiting_reqs")
 TOKEN_KEYS = ("num_used_tokens", "quarantined_tokens")
 MAX_REQUEST_FINDINGS = 100
+VLLM_QUEUES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+VLLM_USAGE = "vllm:kv_cache_usage_perc"
 
 
 def _first(labels: list[str]) -> str | None:
@@ -151,9 +160,51 @@ class LivenessOracle:
                 drained += 1
                 checked += self._judge_drain(ctx, role, ranks, idle.get(role), findings, notes)
         if drained == 0:
+            judged = self._quiescence_from_metrics(ctx, findings, notes)
+            if judged:
+                return judged
             findings.append(Finding(self.name, Verdict.INCONCLUSIVE,
                                     "no after-drain /v1/loads snapshot: queue drain and page return not verified"))
             notes.append("quiescence: no probe/loads snapshot with phase after_drain")
+        return checked
+
+    def _quiescence_from_metrics(self, ctx: OracleContext, findings: list[Finding], notes: list[str]) -> int:
+        """vLLM: queues from the after-drain gauges, KV usage against the before-load reading."""
+        readings: dict[tuple[str, str], dict[str, float]] = {}
+        for snapshot in ctx.snapshots("metrics"):
+            role, phase, text = snapshot.get("role"), snapshot.get("phase"), snapshot.get("text")
+            if not isinstance(role, str) or phase not in ("before", "after") or not isinstance(text, str):
+                continue
+            values: dict[str, float] = {}
+            for sample in parse_prometheus_text(text):
+                if sample.name in (*VLLM_QUEUES, VLLM_USAGE):
+                    values[sample.name] = values.get(sample.name, 0.0) + sample.value
+            if values:
+                readings[(role, phase)] = values
+        checked = 0
+        for (role, phase), after in sorted(readings.items()):
+            if phase != "after":
+                continue
+            stuck = {k: after[k] for k in VLLM_QUEUES if after.get(k)}
+            checked += 1
+            if stuck:
+                findings.append(Finding(self.name, Verdict.FAIL, f"{role}: queues did not drain after the load: "
+                                        + ", ".join(f"{k}={v:g}" for k, v in sorted(stuck.items())),
+                                        evidence={"role": role, "stuck": stuck}))
+            before = readings.get((role, "before"), {})
+            now, was = after.get(VLLM_USAGE), before.get(VLLM_USAGE)
+            if now is None or was is None:
+                findings.append(Finding(self.name, Verdict.INCONCLUSIVE,
+                                        f"{role}: no {VLLM_USAGE} before and after the load: KV block return not verified"))
+                continue
+            checked += 1
+            if now > was:
+                findings.append(Finding(self.name, Verdict.FAIL,
+                                        f"{role}: {VLLM_USAGE} is {now:g} after the load drained, {was:g} before it: "
+                                        "KV blocks were not returned", evidence={"role": role, "before": was, "after": now}))
+            notes.append(f"quiescence: {role} after drain (/metrics): "
+                         + ", ".join(f"{k}={after.get(k, 0):g}" for k in (*VLLM_QUEUES, VLLM_USAGE))
+                         + f" (before: {VLLM_USAGE}={was:g})")
         return checked
 
     def _judge_drain(self, ctx: OracleContext, role: str, ranks: list[Mapping[str, Any]],

@@ -29,7 +29,12 @@ import httpx
 from chaos.errors import TargetError
 from chaos.process import wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
-from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand, ProcessHandle
+from chaos.targets.launcher import (
+    Launcher,
+    LocalLauncher,
+    PlannedCommand,
+    ProcessHandle,
+)
 from chaos.targets.state import clear_state, state_path, write_state
 from chaos.targets.vllm.dialect import VllmDialect
 from chaos.targets.vllm.spec import VllmSpec
@@ -41,6 +46,9 @@ KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 PORT_RANGE = (20000, 32000)  # below the ephemeral range (32768-60999 by default)
 ROUTER_READY_TIMEOUT_S = 60.0
 ROUTER_HEALTH_INTERVAL_S = 2
+# The suite's probes name no model and send "default" (SGLang serves any name; vLLM answers 404 to
+# an unknown one), so the engines answer to that alias too; /v1/models lists the real name first.
+DEFAULT_MODEL_ALIAS = "default"
 BIND_RETRIES = 3  # an engine that lost its port to another socket is started again on new ones
 
 
@@ -103,6 +111,7 @@ class VllmStack:
         self._ports: Ports | None = None
         self.bytes_per_token: dict[str, float] = {}  # KV bytes per token, read from each engine
         self.startup_s: dict[str, float] = {}  # measured: launch to ready, per process
+        self.restarts: list[dict[str, Any]] = []  # role, stopped_at, ready_at (epoch s): when it was down
 
     # ---------------------------------------------------------------------------- planning ----
 
@@ -146,11 +155,12 @@ class VllmStack:
         if spec.kv_lease_s is not None:
             kv_config["kv_connector_extra_config"] = {"kv_lease_duration": spec.kv_lease_s}
         argv = [str(self.venv_python), str(ENGINE_SCRIPT), "--model", str(self.model_dir),
-                "--served-model-name", spec.served_model_name, "--host", host, "--port", str(self.ports.http[role]),
+                "--served-model-name", *dict.fromkeys((spec.served_model_name, DEFAULT_MODEL_ALIAS)), "--host", host, "--port", str(self.ports.http[role]),
                 "--max-model-len", str(s.max_model_len), "--dtype", "bfloat16",
                 "--kv-cache-memory-bytes", str(s.kv_cache_bytes), "--kv-transfer-config", json.dumps(kv_config),
                 "--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching",
-                "--enable-log-requests"]  # at INFO: ids and params, no prompts; and "Request X aborted."
+                "--enable-log-requests",  # at INFO: ids and params, no prompts; and "Request X aborted."
+                "--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens: prefix-cache reuse
         if spec.enforce_eager:
             argv.append("--enforce-eager")
         env = {
@@ -185,6 +195,9 @@ class VllmStack:
     # ---------------------------------------------------------------------------- up/down ----
 
     def up(self) -> Endpoints:
+        """Start the pair; a stack already up (every process alive) is returned as it is."""
+        if self.procs and all(name in self.procs and self.procs[name].alive() for name in (*ROLES, "router")):
+            return self.endpoints
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.check_installed()
         try:
@@ -254,6 +267,7 @@ class VllmStack:
         if role not in ROLES:
             raise TargetError(f"the vLLM pair has no role {role!r}; roles: prefill, decode, router")
         settings = self._with_overrides(role, env, overrides)
+        stopped_at = time.time()
         self.procs[role].stop(timeout_s=30.0)
         self.settings[role] = settings
         for attempt in range(BIND_RETRIES):
@@ -266,6 +280,7 @@ class VllmStack:
                 if attempt + 1 == BIND_RETRIES or not _lost_port(str(exc)):
                     raise
                 time.sleep(2.0)
+        self.restarts.append({"role": role, "stopped_at": stopped_at, "ready_at": time.time()})
         self._await_router_sees(role)
         self.write_state()
 
@@ -282,7 +297,7 @@ class VllmStack:
                 if per_token is None:
                     raise TargetError(f"{role}: its KV bytes per token are unknown (no vllm:cache_config_info), "
                                       "so max_total_tokens cannot be turned into --kv-cache-memory-bytes")
-                changed.kv_cache_bytes = int(round(int(value) * per_token))
+                changed.kv_cache_bytes = round(int(value) * per_token)
             elif key == "mem_fraction_static":
                 raise TargetError("mem_fraction_static: vLLM on CPU sizes its KV cache in bytes "
                                   "(--kv-cache-memory-bytes); change max_total_tokens instead")
@@ -323,7 +338,7 @@ class VllmStack:
             return {}
         s = self.settings[role]
         per_token = self.bytes_per_token.get(role)
-        pool = int(round(s.kv_cache_bytes / per_token)) if per_token else None
+        pool = round(s.kv_cache_bytes / per_token) if per_token else None
         return {"context_length": s.max_model_len, "max_total_tokens": pool, "env": dict(s.env)}
 
     def logs(self, role: str) -> str:
@@ -350,6 +365,7 @@ class VllmStack:
             "commands": [{"name": c.name, "placement": self.launcher.placement(c.role), "shell": c.shell()} for c in self.plan()],
             "settings": {role: dataclasses.asdict(s) for role, s in self.settings.items()},
             "startup_s": self.startup_s,
+            "restarts": self.restarts,
         })
 
 
