@@ -303,6 +303,7 @@ def validate_semantics(campaign: Campaign) -> None:
                    if kind == "attach" else f"does not apply to a {kind} target")
             problems.append(f"faults: {window.fault!r} (window {i}) {why}; it applies to: "
                             f"{', '.join(sorted(FAULTS[window.fault].targets))}. Drop the window or change target.kind")
+    problems.extend(_engine_consistency(campaign))
     if kind == "attach":
         given = {p.role for p in campaign.target.processes if p.pid is not None}
         for i, window in enumerate(campaign.windows()):
@@ -316,6 +317,33 @@ def validate_semantics(campaign: Campaign) -> None:
             problems.append(f"oracles.enabled: unknown oracle {name!r}; known: {', '.join(sorted(ALL_ORACLES))}")
     if problems:
         raise UsageError("invalid campaign:\n  " + "\n  ".join(problems))
+
+
+SGLANG_DEFAULT_TIMEOUT_S = 300.0  # SGLANG_DISAGGREGATION_{BOOTSTRAP,WAITING}_TIMEOUT when unset
+
+
+def _engine_consistency(campaign: Campaign) -> list[str]:
+    """Settings that make a check impossible to pass or a fault impossible to confirm."""
+    problems: list[str] = []
+    target = campaign.target
+    if target.kind == "sglang" and target.sglang is not None:
+        if campaign.oracles.reference_exact and not target.sglang.deterministic:
+            problems.append("oracles.reference_exact: true needs target.sglang.deterministic: true "
+                            "(--enable-deterministic-inference); without it batching changes greedy outputs and the baseline "
+                            "cannot reproduce. Turn deterministic on, or set reference_exact: false")
+        timeouts = [t if t is not None else SGLANG_DEFAULT_TIMEOUT_S
+                    for t in (target.sglang.waiting_timeout_s, target.sglang.bootstrap_timeout_s)]
+    elif target.kind == "sim":
+        timeouts = [target.sim.waiting_timeout_s, target.sim.bootstrap_timeout_s]
+    else:
+        return problems
+    shortest = min(timeouts)
+    for i, window in enumerate(campaign.windows()):
+        if window.fault == "transfer_stall" and window.duration_s <= shortest:
+            problems.append(f"faults: transfer_stall (window {i}) lasts {window.duration_s:g}s, no longer than the peer's "
+                            f"shortest transfer timeout ({shortest:g}s): nothing can time out, so it can never be confirmed. "
+                            "Lengthen the window or shorten the timeouts")
+    return problems
 
 
 def parse_campaign(data: Any, source: str = "campaign") -> Campaign:

@@ -161,7 +161,11 @@ class Runner:
                                          "workers": [{"role": w.role, "url": w.url} for w in endpoints.workers],
                                          "placement": self._placement()})
         infos = {w.role: (_get_json(f"{w.url}/server_info") or {}) for w in endpoints.workers}
-        self.journal.set_meta("environment", fingerprint(self.campaign.seed, infos))
+        environment = fingerprint(self.campaign.seed, infos)
+        pool_report = getattr(self.stack, "pool_report", None)  # a launched SGLang stack: expected vs reported KV pool
+        if pool_report:
+            environment["pool_check"] = pool_report
+        self.journal.set_meta("environment", environment)
         self.facts = discover_facts(endpoints.router_url, tuple(w.url for w in endpoints.workers))
         if self.facts.context_length is None and infos:
             self.facts = dataclasses.replace(self.facts, context_length=min(i.get("context_length") or 10**9 for i in infos.values()),

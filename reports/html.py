@@ -354,6 +354,7 @@ def _environment(report: RunReport) -> str:
         ("run prefix", str(report.meta.get("run_prefix", "—"))),
         ("target", f"{target.get('kind', '—')} · router {target.get('router_url', '—')}"),
         ("workers", ", ".join(f"{w.get('role')}: {w.get('url')}" for w in target.get("workers") or [] if isinstance(w, dict)) or "—"),
+        ("placement", ", ".join(f"{role}: {where}" for role, where in (target.get("placement") or {}).items()) or "—"),
         ("router", _versions(env.get("router"))),
         ("Mooncake", str(env.get("mooncake", "—"))),
         ("GPUs", report.gpu_summary),
@@ -366,6 +367,13 @@ def _environment(report: RunReport) -> str:
     if not env:
         out.append('<p class="warn">No environment fingerprint in the journal.</p>')
     out.append(kv_table(rows))
+    pools = [c for c in env.get("pool_check") or [] if isinstance(c, Mapping)]
+    if pools:
+        out.append("<h3>KV pool vs memory fraction (per role)</h3>" + table(
+            ("role", "status", "GPUs", "fraction", "expected KV GiB", "reported KV GiB", "reported pool tokens", "why"),
+            [tuple(escape(str(c.get(k) if c.get(k) is not None else "—")) for k in
+                   ("role", "status", "gpu_ids", "mem_fraction_static", "expected_kv_gib", "reported_kv_gib",
+                    "reported_pool_tokens", "reason")) for c in pools]))
     engine = env.get("engine")
     if isinstance(engine, Mapping) and engine:
         keys = sorted({k for flags in engine.values() if isinstance(flags, Mapping) for k in flags}, key=lambda k: (k != "version", k))

@@ -38,6 +38,13 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
     ({"name": "x", "oracles": {"enabled": ["crystal_ball"]}}, "oracles.enabled", "unknown oracle"),
     ({"name": "x", "lod": {}}, "lod", "unknown field"),
     ({"name": "x", "target": {"sim": {"prefill": {"max_total_tokenz": 4096}}}}, "target.sim.prefill", "unknown setting"),
+    ({"name": "x", "faults": {"windows": [{"fault": "transfer_stall", "at": "5s", "duration": "2s"}]}},
+     "faults: transfer_stall (window 0)", "can never be confirmed"),
+    ({"name": "x", "target": {"kind": "sglang", "sglang": {"model_path": "/m"}}}, "oracles.reference_exact", "deterministic: true"),
+    ({"name": "x", "target": {"kind": "attach", "url": "http://127.0.0.1:9"},
+      "faults": {"windows": [{"fault": "transfer_stall", "at": "5s", "duration": "9s"}]}}, "faults: 'transfer_stall'", "gives no prefill pid"),
+    ({"name": "x", "target": {"kind": "vllm"},
+      "faults": {"windows": [{"fault": "engine_failure", "at": "5s", "duration": "9s"}]}}, "faults: 'engine_failure'", "does not apply to a vllm target"),
 ])
 def test_malformed_campaigns_name_the_field_and_exit_2(tmp_path: Path, campaign: dict, field: str, hint: str) -> None:
     path = tmp_path / "bad.yaml"

@@ -434,3 +434,20 @@ def test_report_html_screenshot_shows_the_verdict_and_the_plots(runs: dict[str, 
     assert _count_near(rows, _hex("#bf3989"), plots_from, height) > 300, "no KV pool line"  # decode KV pool
     band = (248, 226, 227)  # FAIL red at 13% over white: a confirmed fault window
     assert _count_near(rows, band, plots_from, height, tolerance=9) > 20_000, "no shaded fault window"
+
+
+def test_the_environment_shows_where_each_role_ran_and_its_kv_pool_check(runs: dict[str, Path], tmp_path: Path) -> None:
+    run_dir = tmp_path / "placed"
+    shutil.copytree(runs["pass"], run_dir)
+    with Journal.open(run_dir) as journal:
+        target = journal.get_meta("target")
+        journal.set_meta("target", {**target, "placement": {"prefill": "Ray node 0123456789ab (gpu-a, 10.0.0.5)",
+                                                             "decode": "Ray node ba9876543210 (gpu-b, 10.0.0.6)"}})
+        environment = journal.get_meta("environment")
+        journal.set_meta("environment", {**environment, "pool_check": [
+            {"role": "decode", "status": "low", "gpu_ids": [1], "mem_fraction_static": 0.88, "expected_kv_gib": 52.1,
+             "reported_kv_gib": 31.0, "reported_pool_tokens": 681280, "reason": "another process holds 20 GiB of GPU 1"}]})
+    render_all(run_dir)
+    html = (run_dir / "report.html").read_text()
+    assert "prefill: Ray node 0123456789ab (gpu-a, 10.0.0.5)" in html
+    assert "KV pool vs memory fraction" in html and "another process holds 20 GiB of GPU 1" in html and "681280" in html

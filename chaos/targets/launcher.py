@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from chaos.gpu import GpuInventory, read_inventory
 from chaos.process import free_port, launch
 
 LOOPBACK = "127.0.0.1"
@@ -75,6 +76,10 @@ class Launcher(Protocol):
         """Where a role's processes go, in words ("this machine", "Ray node abc (pdchaos_prefill)")."""
         ...
 
+    def inventory(self, role: str) -> GpuInventory:
+        """The GPUs as NVML sees them on the role's node."""
+        ...
+
     def state(self) -> dict[str, Any]:
         """What `pdchaos heal` needs to reach the processes from another process (target.json)."""
         ...
@@ -98,6 +103,9 @@ class LocalLauncher:
 
     def placement(self, role: str) -> str:
         return "this machine"
+
+    def inventory(self, role: str) -> GpuInventory:
+        return read_inventory()
 
     def state(self) -> dict[str, Any]:
         return {}

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import TargetError
+from chaos.gpu import GpuInventory, read_inventory
 from chaos.process import ManagedProcess, free_port, launch, process_state
 from chaos.targets.launcher import PlannedCommand
 
@@ -48,6 +49,9 @@ class NodeAgent:
 
     def free_port(self, host: str) -> int:
         return free_port(host)
+
+    def inventory(self) -> GpuInventory:
+        return read_inventory()
 
     def launch(self, command: PlannedCommand) -> dict[str, int]:
         proc = launch(command.name, command.argv, Path(command.log_path), command.env)
@@ -182,6 +186,9 @@ class RayLauncher:
         agent = self._agent(command.role)
         ids = self._ray.get(agent.launch.remote(command), timeout=120)
         return RemoteProcess(command.name, self.placement(command.role), agent, ids["pid"], ids["pgid"])
+
+    def inventory(self, role: str) -> GpuInventory:
+        return self._ray.get(self._agent(role).inventory.remote(), timeout=60)  # type: ignore[no-any-return]
 
     def placement(self, role: str) -> str:
         where = self.where.get(role)

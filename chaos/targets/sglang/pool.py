@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import httpx
-import psutil
 
 from chaos.facts import iter_log_records, parse_log, parse_prometheus_text, to_int
-from chaos.gpu import GpuInventory, PoolCheck, compare_pool, read_inventory
+from chaos.gpu import GpuInventory, PoolCheck, compare_pool
 from chaos.targets.dialect import get_json
 
 if TYPE_CHECKING:
@@ -74,26 +73,15 @@ def memory_from_log(lines: Iterable[str]) -> EngineMemory:
     return EngineMemory(max(weights, default=None), min(kv, default=None), last.pool_tokens)
 
 
-def _own_pids(pid: int) -> set[int]:
-    try:
-        return {pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))}
-    except psutil.Error:
-        return {pid}
-
-
 def pool_checks(stack: SGLangStack, inventory: GpuInventory | None = None) -> list[PoolCheck]:
-    """Each role's pool against what its memory fraction gives on its GPUs (as NVML sees them here)."""
+    """Each role's pool against what its memory fraction gives on its GPUs, as NVML sees them on the
+    role's own node (the launcher asks there); `inventory` overrides that for every role."""
     checks = []
     for role, settings in stack.settings.items():
         procs = stack.processes(role)
-        node = getattr(procs[0], "node", "local") if procs else "local"
-        if node != "local":
-            checks.append(PoolCheck(role, "unknown", f"{role} runs on {node}: that node's GPUs are not visible from here",
-                                    tuple(settings.gpu_ids)))
-            continue
-        inventory = inventory or read_inventory()
-        if not inventory.available:
-            checks.append(PoolCheck(role, "unknown", inventory.reason, tuple(settings.gpu_ids)))
+        seen = inventory or stack.launcher.inventory(role)
+        if not seen.available:
+            checks.append(PoolCheck(role, "unknown", seen.reason, tuple(settings.gpu_ids)))
             continue
         url = settings.url
         try:
@@ -104,6 +92,7 @@ def pool_checks(stack: SGLangStack, inventory: GpuInventory | None = None) -> li
         info = get_json(f"{url}/server_info")
         fraction = info.get("mem_fraction_static") if isinstance(info, dict) else None
         fraction = fraction if isinstance(fraction, float) else settings.mem_fraction_static
-        checks.append(compare_pool(role, inventory.by_index(settings.gpu_ids), fraction, memory.weights_gib, memory.kv_gib,
-                                   memory.pool_tokens, _own_pids(procs[0].pid) if procs else set()))
+        own = {pid for proc in procs for pid in proc.group_states()}  # the role's whole process group
+        checks.append(compare_pool(role, seen.by_index(settings.gpu_ids), fraction, memory.weights_gib, memory.kv_gib,
+                                   memory.pool_tokens, own))
     return checks
