@@ -20,33 +20,30 @@ from typing import Any
 from chaos.errors import UsageError
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.dialect import SGLANG
-from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand, ProcessHandle
+from chaos.targets.launcher import Launcher, PlannedCommand
 from chaos.targets.sglang.commands import server_command, server_env, sglang_router_command
 from chaos.targets.sglang.pool import pool_checks
 from chaos.targets.sglang.readiness import await_health
 from chaos.targets.sglang.settings import Ports, WorkerSettings, as_restart_settings, with_overrides, worker_settings
 from chaos.targets.sglang.spec import SGLangSpec
-from chaos.targets.state import clear_state, state_path, write_state
+from chaos.targets.launched import LaunchedStack
+from chaos.targets.state import clear_state
 
 ROLES = ("prefill", "decode")
 POOL_CHECK_FILE = "pool-check.json"  # expected vs reported KV pool per role (chaos.gpu.PoolCheck)
 ROUTER_READY_TIMEOUT_S = 120.0  # its workers are already healthy by then: seconds, not minutes
 
 
-class SGLangStack:
+class SGLangStack(LaunchedStack):
     """Plan, launch, inspect, restart and stop a real SGLang PD deployment."""
 
     kind = "sglang"
     dialect = SGLANG
 
     def __init__(self, spec: SGLangSpec, run_dir: Path, launcher: Launcher | None = None) -> None:
+        super().__init__(run_dir, launcher)
         self.spec = spec
-        self.run_dir = run_dir
-        self.launcher = launcher or LocalLauncher()
-        self.log_dir = run_dir / "logs"
-        self.procs: dict[str, ProcessHandle] = {}
         self._ports: Ports | None = None
-        self._hosts: dict[str, str] = {}
         self.settings: dict[str, WorkerSettings] = {}
         self.pool_report: list[dict[str, Any]] = []  # expected vs reported KV pool per role, after up()
 
@@ -176,7 +173,7 @@ class SGLangStack:
     @property
     def router_url(self) -> str:
         self._resolve()
-        return f"http://{self._hosts['router']}:{self.ports.router}"
+        return self._url("router", self.ports.router)
 
     def worker_url(self, role: str) -> str:
         self._resolve()
@@ -188,32 +185,19 @@ class SGLangStack:
             router_url=self.router_url,
             workers=(WorkerEndpoint("prefill", self.worker_url("prefill"), self.ports.bootstrap),
                      WorkerEndpoint("decode", self.worker_url("decode"))),
-            router_metrics_url=f"http://{self._hosts['router']}:{self.ports.router_metrics}/metrics",
+            router_metrics_url=self._url("router", self.ports.router_metrics) + "/metrics",
         )
-
-    def processes(self, role: str) -> list[ProcessHandle]:  # type: ignore[override]
-        return [p for name, p in self.procs.items() if name == role]
 
     def role_settings(self, role: str) -> dict[str, Any]:
         """The restartable settings of a role, env included, in the form `restart()` takes."""
         self._resolve()
         return as_restart_settings(self.settings[role]) if role in self.settings else {}
 
-    def logs(self, role: str) -> str:
-        proc = self.procs.get(role)
-        if proc is not None:
-            return proc.read_log()
-        path = self.log_dir / f"{role}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
     # -------------------------------------------------------------------------- state file ----
 
-    state_path = staticmethod(state_path)
-
-    def write_state(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_state(self.run_dir, self.kind, self.endpoints, self.procs, self.launcher, self.log_dir, extra={
+    def _state_extra(self) -> dict[str, Any]:
+        return {
             "commands": [{"name": c.name, "placement": self.launcher.placement(c.role), "shell": c.shell()} for c in self.plan()],
             "settings": {role: dataclasses.asdict(s) for role, s in self.settings.items()},
             "pool": self.pool_report,
-        })
+        }

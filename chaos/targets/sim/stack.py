@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 from chaos.process import wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
-from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand, ProcessHandle
+from chaos.targets.launcher import Launcher, PlannedCommand, ProcessHandle
 from chaos.targets.sglang.router import RouterOptions, router_command  # the same router as the real stack
 from chaos.targets.sim.worker import command_for, env_for
-from chaos.targets.state import clear_state, state_path, write_state
+from chaos.targets.launched import LaunchedStack
+from chaos.targets.state import clear_state
 
 if TYPE_CHECKING:
     from chaos.campaign import SimSpec
@@ -94,22 +95,18 @@ def sim_stack_config(spec: SimSpec) -> SimStackConfig:
                           router=router, proxied_links=spec.proxied_links)
 
 
-class SimStack:
+class SimStack(LaunchedStack):
     """Launch, inspect, restart and stop the embedded PD deployment."""
 
     kind = "sim"
 
     def __init__(self, config: SimStackConfig, run_dir: Path, launcher: Launcher | None = None) -> None:
+        super().__init__(run_dir, launcher)
         self.config = config
-        self.run_dir = run_dir
-        self.launcher = launcher or LocalLauncher()
-        self.log_dir = run_dir / "logs"
         self.settings: dict[str, WorkerSettings] = {}
         self.extra_env: dict[str, dict[str, str]] = {}  # per role, over the settings' own env
-        self.procs: dict[str, ProcessHandle] = {}
         self._router_options = config.router
         self._ports: dict[str, int] = {}
-        self._hosts: dict[str, str] = {}
         self.proxies: dict[str, ProxyHandle] = {}  # link name -> proxy (proxied_links only)
 
     # ---------------------------------------------------------------------------- up/down ----
@@ -241,10 +238,10 @@ class SimStack:
 
     @property
     def router_url(self) -> str:
-        return f"http://{self._hosts['router']}:{self._ports['router']}"
+        return self._url("router", self._ports["router"])
 
     def worker_url(self, role: str) -> str:
-        return f"http://{self._hosts[role]}:{self._ports[role]}"
+        return self._url(role, self._ports[role])
 
     @property
     def endpoints(self) -> Endpoints:
@@ -254,11 +251,8 @@ class SimStack:
                 WorkerEndpoint("prefill", self.worker_url("prefill"), self._ports["bootstrap"]),
                 WorkerEndpoint("decode", self.worker_url("decode")),
             ),
-            router_metrics_url=f"http://{self._hosts['router']}:{self._ports['router_metrics']}/metrics",
+            router_metrics_url=self._url("router", self._ports["router_metrics"]) + "/metrics",
         )
-
-    def processes(self, role: str) -> list[ProcessHandle]:  # type: ignore[override]
-        return [p for name, p in self.procs.items() if name == role]
 
     def role_settings(self, role: str) -> dict[str, Any]:
         """Current settings of a role plus its extra env, in the form restart() takes."""
@@ -266,21 +260,13 @@ class SimStack:
             return {}
         return {**dataclasses.asdict(self.settings[role]), "env": dict(self.extra_env.get(role, {}))}
 
-    def logs(self, role: str) -> str:
-        proc = self.procs.get(role)
-        if proc is not None:
-            return proc.read_log()
-        path = self.log_dir / f"{role}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
     # ----------------------------------------------------------------------- state file ----
 
-    state_path = staticmethod(state_path)
+    def _state_roles(self) -> dict[str, str]:
+        return {name: "proxy" for name in self.procs if name.startswith(PROXY_PREFIX)}
 
-    def write_state(self) -> None:
-        write_state(self.run_dir, self.kind, self.endpoints, self.procs, self.launcher, self.log_dir,
-                    role_of={name: "proxy" for name in self.procs if name.startswith(PROXY_PREFIX)},
-                    extra={"proxies": {link: dataclasses.asdict(handle) for link, handle in self.proxies.items()}})
+    def _state_extra(self) -> dict[str, Any]:
+        return {"proxies": {link: dataclasses.asdict(handle) for link, handle in self.proxies.items()}}
 
 
 def _wait_proxy_ready(proc: ProcessHandle, timeout_s: float) -> dict[str, Any]:
