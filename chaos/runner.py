@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import traceback
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ import httpx
 import yaml
 
 from chaos.campaign import Campaign, WindowSpec
+from chaos.errors import TargetError, UsageError
 from chaos.fingerprint import fingerprint
 from chaos.journal import EventKind, Journal, JournalEvent
 from chaos.load import LoadPlan, LoadOutcome, run_load, terminal_progress
@@ -93,7 +95,7 @@ class Runner:
         (self.run_dir / "campaign.yaml").write_text(yaml.safe_dump(self.campaign.model_dump(mode="json"), sort_keys=False))
         self.journal = Journal.create(self.run_dir)
         self._meta()
-        interrupted = False
+        stopped_early: str | None = None  # why the run ended before its end, if it did
         previous = self._install_signal_handlers()
         try:
             self._say(f"run directory {self.run_dir}")
@@ -102,12 +104,19 @@ class Runner:
             self._load_with_faults()
             self._drain()
         except (Interrupted, KeyboardInterrupt):
-            interrupted = True
+            stopped_early = "the run was interrupted before it finished"
             self.stop.set()
             self._say("interrupted: healing and writing the report from the journal")
+        except (UsageError, TargetError):
+            raise  # a setup problem: the CLI names it (exit 2); the journal still gets its verdict below
+        except Exception as exc:  # the suite's own machinery broke (e.g. Ray lost a node): no verdict on the target
+            (self.run_dir / "error.log").write_text(traceback.format_exc())
+            stopped_early = f"the run stopped early, the suite failed: {type(exc).__name__}: {exc} (traceback in error.log)"
+            self.stop.set()
+            self._say(f"{stopped_early}; healing and writing the report from the journal")
         finally:
             self._restore_signal_handlers(previous)
-            outcome = self._judge(interrupted)
+            outcome = self._judge(stopped_early)
             self._stop_target()
             self.journal.set_meta("ended_at", time.time())
             self.journal.close()
@@ -349,7 +358,7 @@ class Runner:
 
     # ------------------------------------------------------------------------------ judge ----
 
-    def _judge(self, interrupted: bool) -> RunOutcome:
+    def _judge(self, stopped_early: str | None) -> RunOutcome:
         assert self.journal is not None
         j = self.journal
         j.flush()
@@ -367,7 +376,8 @@ class Runner:
         results.append(self._preflight_result())
         for result in results:
             j.append_event(JournalEvent(EventKind.VERDICT, "oracle", _as_json(result)))
-        gates = self._gates(ctx, interrupted)
+        gates = self._gates(ctx, stopped_early)
+        interrupted = stopped_early is not None
         for finding in gates:
             j.append_event(JournalEvent(EventKind.VERDICT, "gate", _as_json(finding)))
         verdict = combine([r.verdict for r in results] + [g.verdict for g in gates])
@@ -395,11 +405,11 @@ class Runner:
                                         f"{row.name}: pool {row.pool_tokens} vs context {row.context_len}: {status} ({row.reason})"))
         return OracleResult.from_findings("pool_preflight", len(report.rows), findings)
 
-    def _gates(self, ctx: OracleContext, interrupted: bool) -> list[Finding]:
+    def _gates(self, ctx: OracleContext, stopped_early: str | None) -> list[Finding]:
         """Run-level reasons the oracles' silence may prove nothing."""
         gates: list[Finding] = []
-        if interrupted:
-            gates.append(Finding("run", Verdict.INCONCLUSIVE, "the run was interrupted before it finished"))
+        if stopped_early:
+            gates.append(Finding("run", Verdict.INCONCLUSIVE, stopped_early))
         load = [r for r in ctx.requests if r.phase == "load"]
         for window in windows_from_events(ctx.journal.iter_events(kind="fault")):
             if self.campaign.gates.require_confirmed_faults and not window.confirmed:
@@ -416,7 +426,7 @@ class Runner:
         stats = compute(load)
         if generator_saturated(self.load_outcome.cpu_samples(), stats.send_lag_s):
             gates.append(Finding("gate", Verdict.INCONCLUSIVE, "the load generator was saturated: it measured itself, not the target"))
-        if not interrupted and not load:
+        if not stopped_early and not load:
             gates.append(Finding("gate", Verdict.INCONCLUSIVE, "no load traffic was recorded"))
         return gates
 

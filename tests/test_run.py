@@ -88,3 +88,49 @@ def test_ctrl_c_heals_reports_and_leaves_nothing_behind(tmp_path: Path) -> None:
     for pgid in groups:  # healed (nothing left stopped) and the stack it launched is gone
         assert all(process_state(pid) != "T" for pid in group_members(pgid))
         wait_until(lambda pgid=pgid: not group_members(pgid), timeout_s=20, what=f"group {pgid} to exit")
+
+
+def test_a_run_whose_load_machinery_breaks_ends_inconclusive_with_the_cause_and_stops_everything(tmp_path: Path) -> None:
+    """A load actor dies mid-run (what a crashed Ray node does): no verdict on the target, exit 3,
+    the cause in the report, no traceback, and the stack stopped."""
+    import psutil
+
+    out = tmp_path / "run"
+    campaign = tmp_path / "lost.yaml"
+    campaign.write_text(
+        "name: lost-load\n"
+        "load: {profile: canary-chat, users: 4, duration: 60s}\n"
+        "probes: {count: 4}\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        def load_actor() -> psutil.Process | None:
+            if not _load_started(out):
+                return None
+            family = psutil.Process(proc.pid).children(recursive=True)
+            return next((p for p in family if "LoadGenerator" in " ".join(p.cmdline() or [p.name()])), None)
+
+        actor = wait_until(load_actor, timeout_s=120, what="a load actor running")
+        time.sleep(2.0)
+        actor.kill()
+        stdout, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        stop_from_state(out)
+    assert proc.returncode == 3, stdout
+    assert "verdict: INCONCLUSIVE" in stdout and 'chaos/runner.py", line' not in stdout  # Ray may print its own
+    assert "ActorDiedError" in (out / "error.log").read_text()
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "INCONCLUSIVE"
+    assert any("the suite failed: ActorDiedError" in r for r in report.get("reasons", [])), report.get("reasons")
+    assert not (out / "target.json").exists()
+
+
+def _load_started(out: Path) -> bool:
+    try:
+        with Journal.open(out, readonly=True) as journal:
+            return any(e.name == "load:start" for e in journal.iter_events(kind="phase"))
+    except (JournalError, OSError):
+        return False
