@@ -745,6 +745,7 @@ def find_samples(samples: Iterable[Sample], name: str, **labels: str) -> list[Sa
 METRIC_POOL = "sglang:max_total_num_tokens"
 METRIC_CONTEXT = "sglang:context_len"
 METRIC_PAGE_SIZE = "sglang:page_size"
+METRIC_VLLM_CACHE_CONFIG = "vllm:cache_config_info"  # labels num_gpu_blocks and block_size: the pool
 
 
 @dataclass(frozen=True)
@@ -803,6 +804,12 @@ def read_pool_metrics(samples: Iterable[Sample] | str) -> PoolMetrics:
     }
     grouped: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
     for sample in samples:
+        if sample.name == METRIC_VLLM_CACHE_CONFIG:  # vLLM states its pool as labels of an info gauge
+            blocks, block_size = to_int(sample.labels.get("num_gpu_blocks")), to_int(sample.labels.get("block_size"))
+            if blocks is not None and block_size is not None:
+                key = tuple(sorted(sample.labels.items()))
+                grouped.setdefault(key, {}).update(max_total_num_tokens=blocks * block_size, page_size=block_size)
+            continue
         if sample.name not in attribute:
             continue
         key = tuple(sorted(sample.labels.items()))

@@ -429,7 +429,7 @@ def check_url_facts(facts: UrlFacts, name: str | None = None) -> PreflightRow:
     if info is not None and info.max_total_num_tokens is not None:
         pool_readings.append(("/server_info max_total_num_tokens", info.max_total_num_tokens))
     if metrics is not None and metrics.max_total_num_tokens is not None:
-        pool_readings.append(("metric sglang:max_total_num_tokens", metrics.max_total_num_tokens))
+        pool_readings.append(("/metrics pool (sglang:max_total_num_tokens or vllm:cache_config_info)", metrics.max_total_num_tokens))
     pool_source, pool = (
         min(pool_readings, key=lambda item: item[1]) if pool_readings else (None, None)
     )

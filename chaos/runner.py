@@ -169,7 +169,8 @@ class Runner:
         self.journal.set_meta("target", {"kind": spec.kind, "router_url": endpoints.router_url,
                                          "workers": [{"role": w.role, "url": w.url} for w in endpoints.workers],
                                          "placement": self._placement()})
-        infos = {w.role: (_get_json(f"{w.url}/server_info") or {}) for w in endpoints.workers}
+        info_path = dialect_of(self.target).server_info_path  # versions and flags, where the engine states them
+        infos = {w.role: (_get_json(f"{w.url}{info_path}") or {}) for w in endpoints.workers} if info_path else {}
         environment = fingerprint(self.campaign.seed, infos)
         pool_report = getattr(self.stack, "pool_report", None)  # a launched SGLang stack: expected vs reported KV pool
         if pool_report:

@@ -109,7 +109,7 @@ class TrafficFault(Fault):
         self._indices: Iterator[int] = iter(range(base, base + INDEX_SPAN))
         self._window = ctx.window_id or "adhoc"
         # The request shape the target's engine speaks (SGLang /generate unless its dialect says otherwise).
-        self._api = getattr(dialect_of(ctx.target), "request_api", "sglang")
+        self._api = dialect_of(ctx.target).request_api
 
     def next_index(self) -> int:
         return next(self._indices)
@@ -349,13 +349,13 @@ def aborted_total(ctx: FaultContext) -> float:
 
 def _abort_log_cursors(ctx: FaultContext) -> dict[str, LogCursor]:
     """Where each worker's log ends now, for an engine that logs aborts instead of counting them."""
-    if getattr(dialect_of(ctx.target), "aborted_log", None) is None:
+    if dialect_of(ctx.target).aborted_log is None:
         return {}
     return {w.role: LogCursor.at_end(ctx.target.logs(w.role)) for w in ctx.target.endpoints.workers}
 
 
 def _abort_log_lines(ctx: FaultContext) -> int:
-    pattern = getattr(dialect_of(ctx.target), "aborted_log", None)
+    pattern = dialect_of(ctx.target).aborted_log
     cursors: dict[str, LogCursor] = ctx.baseline.get("abort_logs", {})
     return sum(cursor.count(ctx.target.logs(role), pattern) for role, cursor in cursors.items()) if pattern else 0
 

@@ -449,6 +449,23 @@ def test_integrity_reads_sglang_lines_and_needs_something_to_read(journal: Journ
     assert EngineIntegrityOracle().evaluate(context(journal)).verdict is Verdict.INCONCLUSIVE
 
 
+def test_integrity_fails_when_vllm_says_a_decode_read_blocks_it_had_freed(journal: Journal) -> None:
+    """vLLM's prefill frees a request's KV when its lease expires; a decode pulling it afterwards
+    makes prefill log this ERROR (vllm/.../nixl/pull_worker.py): a read after free. Expiries and
+    failed pulls alone are the expected consequence of a fault."""
+    prefill = "\n".join([
+        "(EngineCore pid=4242) WARNING 12-02 15:11:01 [pull_worker.py:702] Releasing expired KV blocks for request cmpl-7-0",
+        "(EngineCore pid=4242) ERROR 12-02 15:11:09 [pull_worker.py:668] Potentially invalid KV blocks for unrecognized "
+        "request cmpl-7-0 were retrieved by a decode worker. They may have expired.",
+    ])
+    decode = "(EngineCore pid=4343) ERROR 12-02 15:11:02 [nixl_connector.py:1460] NIXL transfer failure: handshake_failed"
+    result = EngineIntegrityOracle().evaluate(context(journal, {"prefill": prefill, "decode": decode}))
+    assert result.verdict is Verdict.FAIL and [f.evidence["signal"] for f in result.findings] == ["stale_kv_read"]
+    assert any("kv_lease_expired x1" in n for n in result.notes) and any("nixl_transfer_failure x1" in n for n in result.notes)
+    quiet = EngineIntegrityOracle().evaluate(context(journal, {"prefill": prefill.splitlines()[0], "decode": decode}))
+    assert quiet.verdict is Verdict.PASS
+
+
 # ===================================================================================== liveness ====
 
 

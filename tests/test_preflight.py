@@ -708,3 +708,16 @@ def test_cli_main_exits_2_without_a_traceback(
     assert captured.err.startswith("pdchaos: error: ")
     assert "--log" in captured.err
     assert "Traceback" not in captured.err + captured.out
+
+
+def test_vllm_states_its_pool_in_the_labels_of_cache_config_info() -> None:
+    """vLLM 0.32's info gauge (format of vllm/v1/metrics/loggers.py): blocks x block size is the pool."""
+    text = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",'
+        'gpu_memory_utilization="0.9",num_gpu_blocks="2048",num_cpu_blocks="None"} 1.0\n'
+    )
+    metrics = read_pool_metrics(text)
+    assert metrics.max_total_num_tokens == 262_144 and metrics.page_size == 128
+    assert read_pool_metrics(text.replace('num_gpu_blocks="2048"', 'num_gpu_blocks="None"')).max_total_num_tokens is None

@@ -6,11 +6,15 @@ Logs (`ctx.logs`, role -> text) are scanned line by line (sglang-facts.md §3):
   the line names a `rid` the journal knows: `kv_canary violation`, `Context corruption detected`
   (decode's metadata-room check), `KV checksum mismatch` (PR #39500-style transfer checksum; the
   embedded engine logs `KV checksum mismatch for bootstrap_room=R`), `Metadata corruption
-  detected`. An engine that detects corruption and aborts the request has still had its KV
+  detected`, and vLLM's `Potentially invalid KV blocks for unrecognized request ... were
+  retrieved by a decode worker` (prefill had freed a request's blocks when its KV lease expired,
+  and a decode read them afterwards: a read after free, K1 in bug-zoo.md). An engine that detects corruption and aborts the request has still had its KV
   overwritten: the run must not pass. One finding per (role, signal, room); repeats are counted.
 * **Transfer-failure signals** (`KVTransferError(bootstrap_room=`, `Failed to send kv chunk`,
   `Failed to get kvcache from prefill instance`, `Lost connection with prefill instance`, the
-  `timed out after ... in KVPoll.*` and Mooncake `... transfer timeout` lines) are the expected
+  `timed out after ... in KVPoll.*` and Mooncake `... transfer timeout` lines; vLLM's `NIXL
+  transfer failure`, `Failing N request(s) due to KV load failure` and `Releasing expired KV
+  blocks`) are the expected
   consequence of transfer faults: never FAIL, never INCONCLUSIVE. They are reported in the notes
   with counts per role and signal, and how many fell inside a fault window (including its
   aftershock). Failures outside every window are called out as unexplained in a note: on a
@@ -51,6 +55,7 @@ CORRUPTION_SIGNALS: tuple[tuple[str, str], ...] = (
     ("context_corruption", "Context corruption detected"),
     ("metadata_corruption", "Metadata corruption detected"),
     ("kv_checksum_mismatch", "KV checksum mismatch"),
+    ("stale_kv_read", "Potentially invalid KV blocks"),
 )
 TRANSFER_SIGNALS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("kv_transfer_error", re.compile(r"KVTransferError\(bootstrap_room=")),
@@ -59,8 +64,13 @@ TRANSFER_SIGNALS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("lost_prefill_connection", re.compile(r"Lost connection with prefill instance")),
     ("poll_timeout", re.compile(r"timed out after [\d.]+s in KVPoll\.")),
     ("transfer_timeout", re.compile(r"[Tt]ransfer timeout")),
+    ("nixl_transfer_failure", re.compile(r"NIXL transfer failure")),
+    ("kv_load_failure", re.compile(r"Failing \d+ request\(s\) due to KV load failure")),
+    ("kv_lease_expired", re.compile(r"Releasing expired KV blocks")),
 )
-FAILED_COUNTERS = ("sglang:num_transfer_failed_reqs_total", "sglang:num_bootstrap_failed_reqs_total")
+FAILED_COUNTERS = ("sglang:num_transfer_failed_reqs_total", "sglang:num_bootstrap_failed_reqs_total",
+                   "vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_kv_expired_reqs_total")
+_VLLM_REQUEST = re.compile(r"unrecognized request (\S+) were retrieved")
 _ROOM = re.compile(r"bootstrap_room[=:]\s*(\d+)")
 _RID = re.compile(r"\brid[=:]\s*'?([A-Za-z0-9_.:\-]+)")
 _REQUEST = re.compile(r"\bRequest\s+([A-Za-z0-9_.:\-]+)\s+\(bootstrap_room")  # "Context corruption detected: Request X (bootstrap_room=A)"
@@ -163,7 +173,7 @@ class EngineIntegrityOracle:
 
     @staticmethod
     def _request_id(message: str, known_ids: set[str]) -> str | None:
-        match = _RID.search(message) or _REQUEST.search(message)
+        match = _RID.search(message) or _REQUEST.search(message) or _VLLM_REQUEST.search(message)
         if match is None:
             return None
         rid = match.group(1)

@@ -72,6 +72,9 @@ class EngineDialect:
     aborted_metrics: tuple[str, ...] = ("sglang:num_aborted_requests_total",)
     flush_cache_path: str | None = "/flush_cache"  # POST; empties the prefix cache when idle
     abort_path: str | None = "/abort_request"  # POST {"rid": ...}
+    server_info_path: str | None = "/server_info"  # GET: versions, flags and limits
+    request_api = "sglang"  # how faults send requests: SGLang's /generate, or "openai" (/v1/completions)
+    aborted_log: str | None = None  # a log line per aborted request, where no counter says it
 
     def limits(self, url: str) -> WorkerLimits:
         info = get_json(f"{url}/server_info")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 
-from chaos.facts import parse_prometheus_text
+from chaos.facts import parse_prometheus_text, read_pool_metrics
 from chaos.targets.dialect import TIMEOUT_S, EngineDialect, WorkerLimits, models_max_len
 
 
@@ -18,11 +18,6 @@ def _samples(url: str) -> list | None:
     except httpx.HTTPError:
         return None
     return parse_prometheus_text(response.text) if response.status_code == 200 else None
-
-
-def _label_int(labels: dict[str, str], name: str) -> int | None:
-    value = labels.get(name, "")
-    return int(value) if value.isdigit() else None
 
 
 class VllmDialect(EngineDialect):
@@ -41,21 +36,17 @@ class VllmDialect(EngineDialect):
     aborted_log = r"Request \S+ aborted\.|Aborted request\(s\) "
     flush_cache_path: str | None = "/reset_prefix_cache"  # POST; needs VLLM_SERVER_DEV_MODE=1
     abort_path: str | None = None  # vLLM aborts a request when its client disconnects, not by id
+    server_info_path: str | None = None  # vLLM has none (in dev mode /server_info is slow and SGLang-unlike)
 
     def __init__(self, dev_mode: bool = True) -> None:
         self.flush_cache_path = "/reset_prefix_cache" if dev_mode else None
 
     def limits(self, url: str) -> WorkerLimits:
         """max_model_len from /v1/models; the KV pool (blocks x block size) from cache_config_info."""
-        pool = None
-        for sample in _samples(url) or []:
-            if sample.name == "vllm:cache_config_info":
-                blocks, block_size = _label_int(sample.labels, "num_gpu_blocks"), _label_int(sample.labels, "block_size")
-                if blocks is not None and block_size is not None:
-                    pool = blocks * block_size
+        samples = _samples(url)
+        pool = read_pool_metrics(samples).max_total_num_tokens if samples is not None else None
         # vLLM has no separate input limit: a prompt must leave room for one output token.
-        context = models_max_len(url)
-        return WorkerLimits(pool_tokens=pool, context_length=context, max_input_tokens=None)
+        return WorkerLimits(pool_tokens=pool, context_length=models_max_len(url), max_input_tokens=None)
 
     def aborted(self, url: str) -> float | None:
         samples = _samples(url)
