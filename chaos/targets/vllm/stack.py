@@ -29,13 +29,9 @@ import httpx
 from chaos.errors import TargetError
 from chaos.process import wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
-from chaos.targets.launcher import (
-    Launcher,
-    LocalLauncher,
-    PlannedCommand,
-    ProcessHandle,
-)
-from chaos.targets.state import clear_state, state_path, write_state
+from chaos.targets.launched import LaunchedStack
+from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand
+from chaos.targets.state import clear_state
 from chaos.targets.vllm.dialect import VllmDialect
 from chaos.targets.vllm.spec import VllmSpec
 
@@ -89,18 +85,15 @@ def low_ports(host: str, count: int, rng: random.Random) -> list[int]:
     return chosen
 
 
-class VllmStack:
+class VllmStack(LaunchedStack):
     """Plan, launch, inspect, restart and stop the vLLM CPU PD pair."""
 
     kind = "vllm"
 
     def __init__(self, spec: VllmSpec, run_dir: Path, launcher: Launcher | None = None) -> None:
+        super().__init__(run_dir, launcher)
         self.spec = spec
-        self.run_dir = run_dir
-        self.launcher = launcher or LocalLauncher()
-        self.log_dir = run_dir / "logs"
         self.dialect = VllmDialect(dev_mode=spec.server_dev_mode)
-        self.procs: dict[str, ProcessHandle] = {}
         self.settings: dict[str, RoleSettings] = {
             role: RoleSettings(getattr(spec, role).max_model_len or spec.max_model_len,
                                getattr(spec, role).kv_cache_bytes or spec.kv_cache_bytes)
@@ -315,10 +308,10 @@ class VllmStack:
 
     @property
     def router_url(self) -> str:
-        return f"http://{self._hosts['router']}:{self.ports.router}"
+        return self._url("router", self.ports.router)
 
     def worker_url(self, role: str) -> str:
-        return f"http://{self._hosts[role]}:{self.ports.http[role]}"
+        return self._url(role, self.ports.http[role])
 
     @property
     def endpoints(self) -> Endpoints:
@@ -326,11 +319,8 @@ class VllmStack:
             router_url=self.router_url,
             workers=(WorkerEndpoint("prefill", self.worker_url("prefill"), self.ports.side_channel["prefill"]),
                      WorkerEndpoint("decode", self.worker_url("decode"))),
-            router_metrics_url=f"http://{self._hosts['router']}:{self.ports.router_metrics}/metrics",
+            router_metrics_url=self._url("router", self.ports.router_metrics) + "/metrics",
         )
-
-    def processes(self, role: str) -> list[ProcessHandle]:  # type: ignore[override]
-        return [p for name, p in self.procs.items() if name == role]
 
     def role_settings(self, role: str) -> dict[str, Any]:
         """The restartable settings of a role, in the form `restart()` takes."""
@@ -341,13 +331,6 @@ class VllmStack:
         pool = round(s.kv_cache_bytes / per_token) if per_token else None
         return {"context_length": s.max_model_len, "max_total_tokens": pool, "env": dict(s.env)}
 
-    def logs(self, role: str) -> str:
-        proc = self.procs.get(role)
-        if proc is not None:
-            return proc.read_log()
-        path = self.log_dir / f"{role}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
     def router_workers(self) -> Any:
         """The router's own view of its workers (health included), for diagnostics."""
         try:
@@ -357,16 +340,13 @@ class VllmStack:
 
     # -------------------------------------------------------------------------- state file ----
 
-    state_path = staticmethod(state_path)
-
-    def write_state(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_state(self.run_dir, self.kind, self.endpoints, self.procs, self.launcher, self.log_dir, extra={
+    def _state_extra(self) -> dict[str, Any]:
+        return {
             "commands": [{"name": c.name, "placement": self.launcher.placement(c.role), "shell": c.shell()} for c in self.plan()],
             "settings": {role: dataclasses.asdict(s) for role, s in self.settings.items()},
             "startup_s": self.startup_s,
             "restarts": self.restarts,
-        })
+        }
 
 
 def _lost_port(error: str) -> bool:
