@@ -21,7 +21,8 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/pdchaos run campaigns/default.yaml
 
-test: $(STAMP)
+# The tests include the real-engine tier, so they install it first (once: later runs find it).
+test: $(STAMP) vllm-env
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
