@@ -28,8 +28,18 @@ def _procs(ctx: FaultContext, role: str) -> list[Any]:
     return procs
 
 
+def _wait_stopped(procs: list[Any], timeout_s: float = 5.0) -> bool:
+    """A signal is acted on when its process next runs: on a busy machine that takes a moment."""
+    deadline = time.monotonic() + timeout_s
+    while not (stopped := _all_stopped(procs)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return stopped
+
+
 def _all_stopped(procs: list[Any]) -> bool:
-    states = [s for p in procs for s in p.group_states().values()]
+    """Every live member stopped. Zombies (an engine's exited helpers not yet reaped) cannot stop
+    and run nothing, so they do not count."""
+    states = [s for p in procs for s in p.group_states().values() if s not in ("Z", "X")]
     return bool(states) and all(s == "T" for s in states)
 
 
@@ -62,7 +72,7 @@ class TransferStall(Fault):
         procs = _procs(ctx, role)
         for proc in procs:
             proc.signal_group(signal.SIGSTOP)
-        ctx.baseline["stopped"] = _all_stopped(procs)
+        ctx.baseline["stopped"] = _wait_stopped(procs)
 
     def confirm(self, ctx: FaultContext) -> Confirmation:
         """Stopped, and the peer really timed out on it: a stall nobody waited on proves nothing."""
