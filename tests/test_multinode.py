@@ -149,8 +149,8 @@ def test_stall_heal_reaches_a_remote_group_after_the_driver_is_gone(cluster: Any
 
 
 def test_a_campaign_runs_across_the_cluster_and_records_where_each_role_ran(cluster: Any, tmp_path: Path) -> None:
-    """`pdchaos run --ray-address`: roles on their nodes, load actors on the load node, a stall
-    through the decode node's agent, and a PASS with the placement in the journal."""
+    """`pdchaos run --ray-address`: roles on their nodes, load actors on the load node, and a PASS
+    with the placement in the journal. (Faults acting through the agents are the first test's.)"""
     from chaos.campaign import parse_campaign
     from chaos.journal import Journal
     from chaos.runner import Runner
@@ -158,10 +158,8 @@ def test_a_campaign_runs_across_the_cluster_and_records_where_each_role_ran(clus
     campaign = parse_campaign({
         "name": "multinode", "seed": 3,
         "target": {"kind": "sim", "sim": {"waiting_timeout_s": 2, "bootstrap_timeout_s": 3, "transfer_tokens_per_s": 20000}},
-        "load": {"profile": "mixed", "users": 6, "duration": "26s", "max_tokens": 16},  # long prompts: transfers in flight
+        "load": {"profile": "mixed", "users": 6, "duration": "20s", "max_tokens": 16},
         "probes": {"count": 4, "interval": "2s"},
-        # Decode paused: prefill's wait for decode's pages times out (its bootstrap timeout), reliably under any load.
-        "faults": {"windows": [{"fault": "transfer_stall", "at": "8s", "duration": "6s", "params": {"role": "decode"}}]},
         "oracles": {"enabled": ["canary", "reference", "status", "liveness"]},
         "report": {"formats": ["json"]},
     })
