@@ -170,7 +170,7 @@ def test_campaign_windows_all_confirmed(run: RunOutcome) -> None:
     journal = Journal.open(run.run_dir)
     windows = windows_from_events(journal.iter_events(kind="fault"))
     faults = sorted(w.fault for w in windows)
-    assert faults == ["client_abort", "over_length_burst", "process_kill"], faults
+    assert faults == ["client_abort", "over_length_burst"], faults
     unconfirmed = {w.label: w.confirm_evidence for w in windows if not w.confirmed}
     assert not unconfirmed, unconfirmed
 
@@ -200,8 +200,8 @@ def test_a_decode_stall_past_the_kv_lease_is_caught_as_vllm_reading_freed_kv(exp
     """The engine none of us wrote, caught: prefill frees the blocks of a request whose lease ran
     out while decode was paused, decode then pulls them anyway, and vLLM says so."""
     journal = Journal.open(expiry_run.run_dir)
-    (window,) = windows_from_events(journal.iter_events(kind="fault"))
-    assert window.fault == "transfer_stall" and window.confirmed, window.confirm_evidence
+    window = next(w for w in windows_from_events(journal.iter_events(kind="fault")) if w.fault == "transfer_stall")
+    assert window.confirmed, window.confirm_evidence
     assert expiry_run.verdict is Verdict.FAIL, expiry_run.reasons
     integrity = next(r for r in expiry_run.oracles if r.name == "integrity")
     assert integrity.verdict is Verdict.FAIL, integrity.notes
@@ -216,8 +216,8 @@ def _kill_window(journal: Journal) -> Any:
 
 @pytest.mark.real_engine
 @pytest.mark.timeout(900)
-def test_killed_prefill_is_confirmed_and_its_requests_end_in_clean_errors(run: RunOutcome, pair: VllmStack) -> None:
-    journal = Journal.open(run.run_dir)
+def test_killed_prefill_is_confirmed_and_its_requests_end_in_clean_errors(expiry_run: RunOutcome, pair: VllmStack) -> None:
+    journal = Journal.open(expiry_run.run_dir)
     window = _kill_window(journal)
     assert window.confirmed and "gone=True" in window.confirm_evidence, window.confirm_evidence
     revived = [r for r in pair.restarts if r["role"] == "prefill" and r["stopped_at"] >= window.start]
