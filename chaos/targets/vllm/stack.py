@@ -226,8 +226,17 @@ class VllmStack(LaunchedStack):
 
     def _start_router(self) -> None:
         started = time.monotonic()
-        self._launch(self.router_command())
-        wait_http_ok(self.router_url + "/health", ROUTER_READY_TIMEOUT_S, self.procs["router"], interval_s=0.5)
+        for attempt in range(BIND_RETRIES):
+            self._launch(self.router_command())
+            try:
+                wait_http_ok(self.router_url + "/health", ROUTER_READY_TIMEOUT_S, self.procs["router"], interval_s=0.5)
+                break
+            except RuntimeError as exc:  # the engines' own sockets may take a port after it was picked
+                if attempt + 1 == BIND_RETRIES or not _lost_port(str(exc)):
+                    raise
+                router, metrics = (low_ports(self._hosts["router"], 2, self._rng) if isinstance(self.launcher, LocalLauncher)
+                                   else [self.launcher.free_port("router") for _ in range(2)])
+                self._ports = dataclasses.replace(self.ports, router=router, router_metrics=metrics)
         self._await_router_sees("router")
         self.startup_s["router"] = time.monotonic() - started
 
