@@ -8,20 +8,9 @@ from typing import Any
 
 import httpx
 
-from chaos.facts import parse_prometheus_text
 from chaos.targets.dialect import dialect_of
 
 TIMEOUT_S = 3.0
-
-
-def metric_total(url: str, name: str) -> float | None:
-    """Sum of a metric over its label sets at `url`/metrics; None when unreadable."""
-    try:
-        text = httpx.get(f"{url}/metrics", timeout=TIMEOUT_S, trust_env=False).text
-    except httpx.HTTPError:
-        return None
-    samples = [s for s in parse_prometheus_text(text) if s.name == name]
-    return sum(s.value for s in samples) if samples else None
 
 
 def transfer_failures(target: Any, role: str | None = None) -> float:
@@ -36,14 +25,6 @@ def healthy(url: str, timeout_s: float = TIMEOUT_S) -> bool:
         return httpx.get(f"{url}/health", timeout=timeout_s, trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def server_info(url: str) -> dict | None:
-    try:
-        response = httpx.get(f"{url}/server_info", timeout=TIMEOUT_S, trust_env=False)
-        return response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
 
 
 @dataclass

