@@ -37,6 +37,15 @@ class LaunchedStack:
         path = self.log_dir / f"{role}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def _start_router(self) -> None:
+        raise NotImplementedError
+
+    def _restart_router(self) -> None:
+        """The router holds no settings of its own to change: stop it, start it, record it."""
+        self.procs["router"].stop()
+        self._start_router()
+        self.write_state()
+
     state_path = staticmethod(state_path)
 
     def write_state(self) -> None:

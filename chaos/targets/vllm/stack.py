@@ -262,10 +262,7 @@ class VllmStack(LaunchedStack):
         has no meaning here. `env` replaces the role's own environment; None keeps it.
         """
         if role == "router":
-            self.procs["router"].stop()
-            self._start_router()
-            self.write_state()
-            return
+            return self._restart_router()
         if role not in ROLES:
             raise TargetError(f"the vLLM pair has no role {role!r}; roles: prefill, decode, router")
         settings = self._with_overrides(role, env, overrides)
