@@ -240,7 +240,7 @@ class WorkerApi:
         e, s = self.engine, self.engine.settings
         speed, latency = e.kv_transfer_stats()
         return {
-            "num_running_reqs": len(e.running), "num_waiting_reqs": e.num_waiting(),
+            "num_running_reqs": e.num_running(), "num_waiting_reqs": e.num_waiting(),
             "num_used_tokens": e.used_tokens(), "num_total_tokens": s.pool_tokens,
             "max_total_num_tokens": s.pool_tokens, "token_usage": round(e.token_usage(), 4),
             "disaggregation": {**e.queue_counts(), "kv_transfer_speed_gb_s": speed, "kv_transfer_latency_ms": latency},

@@ -105,6 +105,7 @@ class Engine:
         self.reqs: dict[str, Req] = {}
         self.prefill_queue: list[Req] = []
         self.running: list[Req] = []
+        self.forward_batch: list[Req] = []  # in the forward pass now: out of the queue, not yet handed off
         self._wake_prefill = asyncio.Event()
         self._wake_decode = asyncio.Event()
         self._memory_freed = asyncio.Event()
@@ -317,7 +318,9 @@ class Engine:
                     pass
                 continue
             self._log_prefill_batch(batch, new_tokens)
+            self.forward_batch = batch
             await asyncio.sleep(new_tokens / self.settings.prefill_tokens_per_s)
+            self.forward_batch = []
             for req in batch:
                 try:
                     first = self._compute_prompt(req)
@@ -489,3 +492,8 @@ class Engine:
 
     def num_waiting(self) -> int:
         return len(self.prefill_queue)
+
+    def num_running(self) -> int:
+        """Requests being computed: the decode batch and the prompts in the forward pass, so that
+        /v1/loads never shows a request holding pages in no count at all."""
+        return len(self.running) + len(self.forward_batch)
