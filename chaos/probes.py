@@ -59,6 +59,18 @@ def build_probes(codec: MarkerCodec, count: int, context_tokens: int | None, max
     return probes
 
 
+def replay_order(probes: list[Probe]) -> list[Probe]:
+    """The order probes are replayed in under load: the adapter probes back to back, so each
+    finds the shared opening still cached under the other adapter (a cache key that forgets the
+    adapter shows at once, before eviction churn can hide it); the others keep their order."""
+    adapters = [p for p in probes if p.lora_path]
+    others = [p for p in probes if not p.lora_path]
+    if not adapters:
+        return list(probes)
+    at = min(probes.index(adapters[0]), len(others))
+    return others[:at] + adapters + others[at:]
+
+
 def send_probe(client: httpx.Client, base_url: str, probe: Probe, phase: str, api: str, timeout_s: float = 60.0) -> RequestRecord:
     """Send one probe, streamed, and return its record (never raises on HTTP trouble)."""
     route: Api = "generate" if api == "sglang" else "completions"

@@ -32,7 +32,7 @@ from chaos.oracles.base import OracleContext
 from chaos.oracles.canary import MarkerCodec, new_run_prefix
 from chaos.oracles.registry import ALL_ORACLES
 from chaos.preflight import PreflightInputs, run_preflight
-from chaos.probes import Probe, build_probes, send_probe
+from chaos.probes import Probe, build_probes, replay_order, send_probe
 from chaos.targets.dialect import dialect_of
 from chaos.targets.factory import attach, build_stack, launcher_for
 from chaos.targets.base import Target
@@ -49,7 +49,7 @@ log = logging.getLogger("pdchaos.runner")
 
 PROBE_INDEX_LIMIT = 10_000  # load traffic numbers its requests from here on
 TENANT_INDEX_BASE = 5_000  # the tenant probe's requests, between the reference probes and the load
-POOL_SAMPLE_S = 1.0
+POOL_SAMPLE_S = 0.5  # often enough that a lull of a few seconds yields two idle samples
 
 
 class Interrupted(Exception):
@@ -264,7 +264,7 @@ class Runner:
 
         workers = [
             threading.Thread(target=self._fault_schedule, args=(load_started, started_at, load_done), name="faults", daemon=True),
-            threading.Thread(target=self._replay_probes, args=(load_done,), name="probes", daemon=True),
+            threading.Thread(target=self._replay_probes, args=(load_started, started_at, load_done), name="probes", daemon=True),
             threading.Thread(target=self._sample_pools, args=(load_done,), name="pools", daemon=True),
         ]
         for thread in workers:
@@ -329,15 +329,28 @@ class Runner:
                     return
                 self.journal.append_request(send_probe(client, self.target.endpoints.router_url, probe, "aftershock", self.api))
 
-    def _replay_probes(self, load_done: threading.Event) -> None:
+    def _replay_probes(self, load_started: threading.Event, started_at: list[float], load_done: threading.Event) -> None:
+        """Probes at their interval through the load, except in its lulls: a lull is kept idle,
+        as the liveness oracle's idle-moment check needs."""
         assert self.journal is not None and self.target is not None
         interval = self.campaign.probes.interval_s
+        order = replay_order(self.probes)
         with httpx.Client(trust_env=False) as client:
             n = 0
             while not load_done.wait(interval) and not self.stop.is_set():
-                probe = self.probes[n % len(self.probes)]
+                if load_started.is_set() and self._in_lull(time.time() - started_at[0]):
+                    continue
+                probe = order[n % len(order)]
                 self.journal.append_request(send_probe(client, self.target.endpoints.router_url, probe, "load", self.api))
                 n += 1
+
+    def _in_lull(self, t: float) -> bool:
+        """Whether the load's shape has no users `t` seconds after it started."""
+        load = self.campaign.load
+        if load.shape != "stages":
+            return False
+        current = next((stage for stage in load.stages if t < stage.until_s), None)
+        return current is not None and current.users == 0
 
     def _sample_pools(self, load_done: threading.Event) -> None:
         while not load_done.wait(POOL_SAMPLE_S) and not self.stop.is_set():

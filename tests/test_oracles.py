@@ -526,11 +526,13 @@ def test_liveness_passes_on_the_embedded_engine(journal: Journal, sim_stack: Sim
         return True
 
     wait_until(drained, what="the embedded engine to drain")
-    for role, url in roles.items():
-        snapshot_loads(journal, role, "after_drain", url)
+    for phase in ("during", "during", "after_drain"):  # two idle moments, as in a lull, then the drain
+        for role, url in roles.items():
+            snapshot_loads(journal, role, phase, url)
     result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
     assert result.verdict is Verdict.PASS, result
-    assert result.checked >= 12 + 2 * 3
+    assert result.checked >= 12 + 2 * 3 + 4
+    assert any("idle moments mid-load: decode 2, prefill 2; no pages out" in n for n in result.notes), result.notes
 
 
 def test_liveness_edges_no_end_client_timeout_missing_snapshots_and_dp_ranks(journal: Journal) -> None:
@@ -549,6 +551,37 @@ def test_liveness_edges_no_end_client_timeout_missing_snapshots_and_dp_ranks(jou
         journal.append_event(JournalEvent(kind=EventKind.PROBE, name="loads", data={"role": "decode", "phase": phase, "data": ranks}))
     result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
     assert any("decode rank 1: num_used_tokens is 64" in s for s in fails(result))
+
+
+def test_liveness_finds_pages_still_out_at_two_idle_moments_mid_load(journal: Journal) -> None:
+    """A lull mid-load: with no request anywhere, the pages in use (less quarantine) must be back
+    at the idle baseline. Two idle samples with the same excess are a leak; one is not (a request
+    between two queues holds pages for an instant), nor is a busy sample, nor pages in quarantine."""
+    def loads(t: float, role: str, phase: str, used: int, *, running: int = 0, held: int = 0) -> None:
+        data = {"num_running_reqs": running, "num_waiting_reqs": 0, "num_used_tokens": used,
+                "quarantined_tokens": held, "disaggregation": {"decode_transfer_queue_reqs": 0}}
+        journal.append_event(JournalEvent(kind=EventKind.PROBE, name="loads", t=t,
+                                          data={"role": role, "phase": phase, "data": data}))
+
+    for role in ("prefill", "decode"):
+        loads(100.0, role, "idle_before", 0)
+    loads(110.0, "prefill", "during", 512)  # an instant: the next sample is back at 0
+    loads(110.5, "prefill", "during", 0)
+    loads(110.0, "decode", "during", 4096, running=6)  # busy: not an idle moment
+    loads(111.0, "decode", "during", 256, held=256)  # quarantined, not leaked
+    loads(111.5, "decode", "during", 256, held=256)
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
+    assert not [f for f in result.findings if "idle moments" in f.summary], result.findings
+    assert any("idle moments mid-load: decode 2, prefill 2; no pages out" in n for n in result.notes), result.notes
+
+    loads(112.0, "decode", "during", 192)
+    loads(112.5, "decode", "during", 192)
+    loads(113.0, "decode", "during", 192)
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
+    leaks = [f for f in result.findings if "idle moments" in f.summary]
+    assert len(leaks) == 1 and leaks[0].verdict is Verdict.FAIL  # one finding per role, the first pair
+    assert leaks[0].summary.startswith("decode: 192 token(s) of KV pages still in use at two idle moments mid-load")
+    assert leaks[0].evidence["t_snapshot"] == 112.0 and leaks[0].evidence["t_confirmed"] == 112.5
 
 
 # ===================================================================================== registry ====

@@ -60,8 +60,13 @@ class OracleContext:
 
     def snapshots(self, name: str) -> Iterator[dict[str, Any]]:
         """Data of the `probe/<name>` events the runner journaled (e.g. pool usage at idle)."""
+        for _, data in self.timed_snapshots(name):
+            yield data
+
+    def timed_snapshots(self, name: str) -> Iterator[tuple[float, dict[str, Any]]]:
+        """The same, each with the time it was taken, in journal order."""
         for event in self.journal.iter_events(kind=EventKind.PROBE.value, name=name):
-            yield dict(event.data)
+            yield event.t, dict(event.data)
 
 
 class Oracle(Protocol):

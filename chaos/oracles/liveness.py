@@ -18,6 +18,14 @@ A breach is FAIL with the numbers. `data` may be one object or a list of per-ran
 ranks are paired by position. No `after_drain` snapshot at all, or none of a role's baseline to
 compare the token counts with, is INCONCLUSIVE with a note.
 
+Idle moments (the same accounting while the run goes on): the runner also samples `/v1/loads`
+during the load (phase "during"). A sample whose request counters are all 0 is an idle moment of
+that role, as in a lull of the load (`load.stages` with 0 users). There the tokens in use, less
+those held back on purpose (`quarantined_tokens`: a deferred release that is still waiting), must
+be no more than in `idle_before`. An excess seen at two successive samples of the role, both idle
+and by the same count, is FAIL: pages leaked, found tens of seconds before the drain. One sample
+proves nothing: a request between two queues (in a forward pass) can hold pages for an instant.
+
 An engine without `/v1/loads` (vLLM) is judged from the `/metrics` snapshots the runner journals
 before the load and after the drain (`probe/metrics`, phases "before" and "after"), where they
 carry vLLM's gauges: `vllm:num_requests_running` and `vllm:num_requests_waiting` must be 0, and
@@ -37,6 +45,7 @@ from chaos.oracles.base import OracleContext
 from chaos.verdict import Finding, OracleResult, Verdict
 
 IDLE_BEFORE = "idle_before"
+DURING = "during"
 AFTER_DRAIN = "after_drain"
 QUEUE_KEYS = ("num_running_reqs", "num_waiting_reqs")
 TOKEN_KEYS = ("num_used_tokens", "quarantined_tokens")
@@ -87,6 +96,7 @@ class LivenessOracle:
         notes: list[str] = []
         checked = self._requests(ctx, findings, notes)
         checked += self._quiescence(ctx, findings, notes)
+        checked += self._idle_moments(ctx, findings, notes)
         return OracleResult.from_findings(self.name, checked, findings, notes)
 
     # ------------------------------------------------------------------------------ requests ----
@@ -250,3 +260,59 @@ class LivenessOracle:
                 f"{k}={rank.get(k)}" for k in TOKEN_KEYS if k in rank)
                 + (f" (before: {', '.join(f'{k}={base.get(k)}' for k in TOKEN_KEYS if k in base)})"))
         return checked
+
+    # -------------------------------------------------------------------------- idle moments ----
+
+    def _idle_moments(self, ctx: OracleContext, findings: list[Finding], notes: list[str]) -> int:
+        """Pages still out at two successive idle samples of a role, mid-load: a leak (see above)."""
+        baseline: dict[str, list[Mapping[str, Any]]] = {}
+        previous: dict[tuple[str, int], tuple[float, float] | None] = {}  # (role, rank) -> (t, excess) of the last sample
+        idle_samples: Counter[str] = Counter()
+        leaked: set[str] = set()
+        for t, snapshot in ctx.timed_snapshots("loads"):
+            role, phase, ranks = snapshot.get("role"), snapshot.get("phase"), _ranks(snapshot.get("data"))
+            if not isinstance(role, str) or not ranks:
+                continue
+            if phase == IDLE_BEFORE:
+                baseline[role] = list(ranks)
+                continue
+            if phase != DURING or role not in baseline:
+                continue
+            for index, rank in enumerate(ranks):
+                key = (role, index)
+                base = baseline[role][index] if index < len(baseline[role]) else None
+                excess = _idle_excess(rank, base)
+                if excess is not None:
+                    idle_samples[role] += 1
+                last, previous[key] = previous.get(key), None if excess is None else (t, excess)
+                where = role if len(ranks) == 1 else f"{role} rank {index}"
+                if excess is None or excess <= 0 or last is None or last[1] != excess or where in leaked:
+                    continue
+                leaked.add(where)
+                findings.append(Finding(
+                    self.name, Verdict.FAIL,
+                    f"{where}: {excess:g} token(s) of KV pages still in use at two idle moments mid-load "
+                    f"({t - last[0]:.1f} s apart, no request queued or running): pages leaked",
+                    window=_first(ctx.windows_at(last[0])),
+                    evidence={"role": role, "rank": index, "leaked": excess, "t_snapshot": last[0], "t_confirmed": t,
+                              "num_used_tokens": rank.get("num_used_tokens"),
+                              "quarantined_tokens": rank.get("quarantined_tokens"),
+                              "idle_before": None if base is None else base.get("num_used_tokens")},
+                ))
+        if idle_samples:
+            notes.append("idle moments mid-load: " + ", ".join(f"{role} {n}" for role, n in sorted(idle_samples.items()))
+                         + (f"; pages still out at two of them on {', '.join(sorted(leaked))}" if leaked else "; no pages out"))
+        return sum(idle_samples.values())
+
+
+def _idle_excess(rank: Mapping[str, Any], base: Mapping[str, Any] | None) -> float | None:
+    """Tokens in use beyond the idle baseline, net of quarantine; None when the rank is not idle
+    (a request counter above 0) or the numbers are missing."""
+    counts = queue_counts(rank)
+    if not counts or any(counts.values()) or base is None:
+        return None
+    used, was = _number(rank.get("num_used_tokens")), _number(base.get("num_used_tokens"))
+    if used is None or was is None:
+        return None
+    held, held_before = _number(rank.get("quarantined_tokens")) or 0.0, _number(base.get("quarantined_tokens")) or 0.0
+    return (used - held) - (was - held_before)
