@@ -22,6 +22,9 @@ CAMPAIGNS = ROOT / "campaigns" / "defects"
 
 # defect -> (campaign, oracles of which at least one must FAIL), from the defect registry
 EXPECTED = {d.name: (d.campaign, set(d.caught_by)) for d in DEFECTS.values()}
+# defect -> a finding that must be among the failing ones: the campaign's lull catches the page
+# leak while the run goes on, not only after the drain
+MUST_FIND = {"pages_leak_on_abort": ("liveness", "still in use at two idle moments mid-load")}
 
 
 def run(campaign: str, out: Path, defect: str | None) -> subprocess.CompletedProcess[str]:
@@ -51,6 +54,10 @@ def test_each_defect_fails_through_its_oracle(tmp_path: Path, defect: str) -> No
     assert result.returncode == 1, result.stdout + result.stderr[-2000:]
     failed = failing_oracles(out)
     assert oracles & set(failed), f"{defect}: expected one of {oracles} to fail, got {sorted(failed)}"
+    if defect in MUST_FIND:
+        oracle, words = MUST_FIND[defect]
+        summaries = [f["summary"] for f in failed.get(oracle, [])]
+        assert any(words in s for s in summaries), f"{defect}: no {oracle} finding says {words!r}: {summaries}"
     with Journal.open(out, readonly=True) as journal:
         for finding in failed.get("canary", []):
             victim = finding.get("victim_request_id")

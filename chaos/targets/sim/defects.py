@@ -33,7 +33,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "over pages it never received",
         "SGLang #30233 (the incident), #35421, #38935",
         "asymmetric pools (memory_fraction on prefill) and prompts between the two limits",
-        "incident", ("canary", "status", "timing"),
+        "incident", ("canary", "reference", "status", "timing"),
     ),
     Defect(
         "free_before_transfer_done", "K1",
