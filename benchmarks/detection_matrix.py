@@ -17,9 +17,18 @@ is read from the journal: over the failing findings of the intended oracles, the
 `t_send` of the finding's request (`finding.request_id` looked up in the journal), minus the
 meta `load_started_at`. A finding with no request (a page leak seen after the drain, the pool
 preflight) counts from the after-drain `/v1/loads` snapshot when there is one, else from the
-oracle's verdict event. A time below zero is a detection before the load started: the baseline's
+oracle's verdict event; a page leak seen at an idle moment mid-load counts from that snapshot
+(`evidence.t_snapshot`). A time below zero is a detection before the load started: the baseline's
 tenant probe. Oracles list only the first findings of each rule (their listing caps), in journal
 order, so the earliest listed finding is not always the earliest in the run.
+
+Every finished run also leaves a record: its summary as JSON (a few kB) under `--records`
+(default `benchmarks/results/detection-matrix/`, kept in the repository), with the commit and a
+digest of the sources that decide the outcome (engine, faults, oracles, load, defect campaigns).
+Records outlive the run directories (a fresh machine has none), so a matrix too long for one
+sitting accumulates: `--from-records` summarises them, and the matrix reuses a record of the
+current sources instead of running again. Records of other sources are summarised only with
+`--any-source` (the doc then lists every digest).
 
 Each run is one `pdchaos run CAMPAIGN --out DIR --quiet --seed N [--defect NAME]` at a time,
 about a minute each on 2 cores (10 defects + 4 clean campaigns: about 15 minutes per seed).
@@ -31,12 +40,14 @@ journal's meta).
     .venv/bin/python benchmarks/detection_matrix.py --seeds 3                     # ~45 minutes
     .venv/bin/python benchmarks/detection_matrix.py --seeds 2 --defects metadata_slot_collision,pages_leak_on_abort
     .venv/bin/python benchmarks/detection_matrix.py --from-runs runs/detection-matrix-20261202T1300Z
+    .venv/bin/python benchmarks/detection_matrix.py --from-records benchmarks/results/detection-matrix
     .venv/bin/python benchmarks/detection_matrix.py --self-test                   # synthetic journals, no runs
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -66,6 +77,9 @@ from chaos.targets.sim.defects import DEFECTS
 
 CAMPAIGNS = REPO / "campaigns" / "defects"
 DEFAULT_DOC = REPO / "docs" / "detection-matrix.md"
+DEFAULT_RECORDS = HERE / "results" / "detection-matrix"
+# What decides a run's outcome: a record counts for the current sources only when these match.
+SOURCE_GLOBS = ("chaos/**/*.py", "faults/**/*.py", "loadprofiles/**/*.py", "campaigns/defects/*.yaml")
 RUN_TIMEOUT_S = 900
 
 # defect -> (campaign in campaigns/defects/, oracles of which at least one must FAIL): the
@@ -83,7 +97,7 @@ class OracleOutcome:
     failing_findings: int
     first_s: float | None = None  # earliest failing finding, seconds after load start
     first_end_s: float | None = None  # the same finding's reply end (request findings only)
-    basis: str | None = None  # request | drain snapshot | verdict
+    basis: str | None = None  # request | idle snapshot | drain snapshot | verdict
 
 
 @dataclass
@@ -98,6 +112,8 @@ class RunSummary:
     oracles: dict[str, OracleOutcome] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     wall_s: float | None = None  # from the sidecar this script writes when it ran the run
+    commit: str | None = None  # records only: where the run was made
+    source_digest: str | None = None
 
     @property
     def key(self) -> str:
@@ -177,8 +193,11 @@ def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSumm
                 for finding in failing:
                     request_id = finding.get("request_id")
                     record = journal.get_request(request_id) if isinstance(request_id, str) else None
+                    seen_at = _number((finding.get("evidence") or {}).get("t_snapshot"))
                     if record is not None and record.t_send is not None:
                         candidates.append((record.t_send, record.t_end, "request"))
+                    elif seen_at is not None:
+                        candidates.append((seen_at, None, "idle snapshot"))
                     elif drain_t is not None and oracle == "liveness":
                         candidates.append((drain_t, None, "drain snapshot"))
                     else:
@@ -204,6 +223,52 @@ def find_runs(roots: Iterable[Path]) -> list[Path]:
             found.add(root)
         found.update(p.parent for p in root.rglob(JOURNAL_FILENAME))
     return sorted(found)
+
+
+def source_digest() -> str:
+    """sha256 over the files that decide a run's outcome (SOURCE_GLOBS), 16 hex digits."""
+    digest = hashlib.sha256()
+    for path in sorted({p for pattern in SOURCE_GLOBS for p in REPO.glob(pattern)}):
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def current_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def record_path(records: Path, key: str, campaign: str, seed: int | None) -> Path:
+    return records / ("clean" if key == CLEAN else key) / f"{campaign}-seed-{seed}.json"
+
+
+def write_record(records: Path, run: RunSummary) -> Path:
+    path = record_path(records, run.key, run.campaign, run.seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = asdict(run)
+    data["path"] = _relative(run.path)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def read_record(path: Path) -> RunSummary:
+    data = json.loads(path.read_text())
+    oracles = {name: OracleOutcome(**o) for name, o in (data.pop("oracles", None) or {}).items()}
+    return RunSummary(**data, oracles=oracles)
+
+
+def read_records(roots: Iterable[Path]) -> list[tuple[Path, RunSummary]]:
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.json")):
+            try:
+                found.append((path, read_record(path)))
+            except (ValueError, TypeError, OSError) as exc:  # keep the rest
+                print(f"[matrix] {path}: not a run record ({type(exc).__name__}: {exc}); left out", file=sys.stderr)
+    return found
 
 
 # ------------------------------------------------------------------------------ the matrix ----
@@ -272,9 +337,11 @@ def markdown(runs: list[RunSummary], matrix: dict[str, Any], *, command: str, so
         f"- generated {now} by `{command}`",
         f"- summarised on: {cpus} usable CPUs, Linux {platform.release()}, Python {platform.python_version()}",
         f"- runs: {len(runs)} from {', '.join(f'`{s}`' for s in sources)}; seeds {', '.join(map(str, seeds)) or '–'}",
+        f"- sources: {_provenance(runs)}",
         "- detected: the run ended FAIL and one of the defect's intended oracles failed (tests/test_defects.py's rule)",
         "- first detection: the earliest failing finding of the catching oracle(s): its request's send time minus",
-        "  the load start (a page leak: the after-drain snapshot; no request: the verdict). Negative: before the",
+        "  the load start (a page leak: the idle snapshot that showed it, mid-load or after the drain; no request:",
+        "  the verdict). Negative: before the",
         "  load, in the baseline. Oracles list only their first findings per rule, so this is the earliest listed one.",
         "",
         "## Defects",
@@ -309,6 +376,15 @@ def markdown(runs: list[RunSummary], matrix: dict[str, Any], *, command: str, so
         lines.append(f"| {r.key} | {r.campaign} | {r.seed if r.seed is not None else '?'} | {r.verdict or '–'}{problems} | "
                      f"{', '.join(r.failing) or '–'} | {shown} | {_secs(r.wall_s)} | `{_relative(r.path)}` |")
     return "\n".join(lines) + "\n"
+
+
+def _provenance(runs: list[RunSummary]) -> str:
+    """Which source digests (and commits) the runs were made from."""
+    by_digest: dict[str | None, set[str]] = {}
+    for run in runs:
+        by_digest.setdefault(run.source_digest, set()).update([run.commit] if run.commit else [])
+    return "; ".join(f"digest {d or 'not recorded'}" + (f" (commits {', '.join(sorted(c))})" if c else "")
+                     for d, c in sorted(by_digest.items(), key=lambda kv: str(kv[0])))
 
 
 def _relative(path: str) -> str:
@@ -425,7 +501,7 @@ def _synthetic_run(run_dir: Path, *, name: str, defects: list[str], seed: int, v
 
 
 def self_test() -> int:
-    """Three synthetic runs through --from-runs: a leak, a page leak after the drain, a clean pass."""
+    """Synthetic runs through --from-runs: leaks, page leaks (after the drain, mid-load), clean runs."""
     with tempfile.TemporaryDirectory(prefix="detection-matrix-") as tmp:
         root = Path(tmp)
         t0 = 1_800_000_000.0
@@ -439,6 +515,9 @@ def self_test() -> int:
         _synthetic_run(root / "b" / "x", name="defects-aborts", defects=["pages_leak_on_abort"], seed=1,
                        verdict="FAIL", start=t0, requests={}, drain_at=t0 + 45.0,
                        oracles={"liveness": [{"evidence": {"role": "prefill"}}], "canary": []})
+        _synthetic_run(root / "b" / "y", name="defects-aborts", defects=["pages_leak_on_abort"], seed=2,
+                       verdict="FAIL", start=t0, requests={}, drain_at=t0 + 45.0,
+                       oracles={"liveness": [{"evidence": {"role": "decode", "t_snapshot": t0 + 12.5}}]})
         _synthetic_run(root / "c", name="defects-handoff", defects=[], seed=1, verdict="PASS", start=t0,
                        requests={}, oracles={"canary": [], "reference": []})
         _synthetic_run(root / "d", name="defects-cache", defects=[], seed=1, verdict="FAIL", start=t0,
@@ -447,20 +526,29 @@ def self_test() -> int:
         matrix = aggregate(runs)
         d = matrix["defects"]
         checks = {
-            "five runs found": len(runs) == 5,
+            "six runs found": len(runs) == 6,
             "leak: 2/2 detected": d["metadata_slot_collision"]["detected"] == 2,
             "leak: earliest intended finding (4 s, not status's 2 s)": d["metadata_slot_collision"]["first_s"] == [4.0, 6.0],
             "leak: median 5 s": d["metadata_slot_collision"]["median_first_s"] == 5.0,
             "leak: caught by canary 1, reference 1": d["metadata_slot_collision"]["caught_by"] == {"canary": 1, "reference": 1},
             "leak: status counted as also failed": d["metadata_slot_collision"]["other_failing"] == {"status": 1},
             "campaign stem from the YAML name": d["metadata_slot_collision"]["campaigns"] == ["handoff"],
-            "page leak: timed at the drain snapshot": d["pages_leak_on_abort"]["first_s"] == [45.0]
-            and d["pages_leak_on_abort"]["bases"] == {"drain snapshot": 1},
+            "page leak: timed at the drain snapshot, or at the idle snapshot mid-load":
+                sorted(d["pages_leak_on_abort"]["first_s"]) == [12.5, 45.0]
+                and d["pages_leak_on_abort"]["bases"] == {"drain snapshot": 1, "idle snapshot": 1},
             "clean handoff: no false positive": matrix["clean"]["handoff"]["false_positives"] == 0,
             "clean cache: one false positive": matrix["clean"]["cache"]["false_positives"] == 1,
         }
         text = markdown(runs, matrix, command="self-test", sources=[tmp])
         checks["doc flags the false positive"] = "False positives on the clean engine: **1**" in text
+        for run in runs:
+            run.commit, run.source_digest = "abc123", "d1"
+            write_record(root / "records", run)
+        recorded = [run for _, run in read_records([root / "records"])]
+        checks["records: one per run, and the same matrix read back"] = (
+            len(recorded) == len(runs) and aggregate(recorded) == matrix)
+        checks["records: the doc names their sources"] = "digest d1 (commits abc123)" in markdown(
+            recorded, matrix, command="self-test", sources=[tmp])
         for what, ok in checks.items():
             print(f"{'ok  ' if ok else 'FAIL'} {what}")
         if not all(checks.values()):
@@ -486,6 +574,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None, help="also write the summary as JSON")
     p.add_argument("--from-runs", type=Path, action="append", default=None, metavar="DIR",
                    help="run nothing: summarise every run directory under DIR (repeatable)")
+    p.add_argument("--records", type=Path, default=DEFAULT_RECORDS,
+                   help="where each finished run's summary is recorded, and reused from (default %(default)s)")
+    p.add_argument("--no-records", dest="records", action="store_const", const=None, help="record nothing, reuse nothing")
+    p.add_argument("--from-records", type=Path, action="append", default=None, metavar="DIR",
+                   help="run nothing: summarise the run records under DIR (repeatable)")
+    p.add_argument("--any-source", action="store_true",
+                   help="with --from-records: also records made from other sources than these")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run before it is interrupted")
     p.add_argument("--dry-run", action="store_true", help="print the runs it would make and stop")
     p.add_argument("--self-test", action="store_true", help="check the summary on synthetic journals; runs nothing")
@@ -497,9 +592,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.self_test:
         return self_test()
     command = "benchmarks/detection_matrix.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    if args.from_runs:
+    digest = source_digest()
+    stems = campaign_stems()
+    runs: list[RunSummary] = []
+    if args.from_records:
+        sources = [str(p) for p in args.from_records]
+        found = read_records(args.from_records)
+        others = [path for path, run in found if run.source_digest != digest]
+        if others and not args.any_source:
+            print(f"[matrix] {len(others)} record(s) of other sources left out (--any-source keeps them)", file=sys.stderr)
+        runs = [run for _, run in found if args.any_source or run.source_digest == digest]
+    elif args.from_runs:
         sources = [str(p) for p in args.from_runs]
-        run_dirs = find_runs(args.from_runs)
+        runs = summarize_dirs(find_runs(args.from_runs), stems)
     else:
         defects = [d.strip() for d in args.defects.split(",") if d.strip()]
         unknown = [d for d in defects if d not in EXPECTED]
@@ -514,29 +619,24 @@ def main(argv: list[str] | None = None) -> int:
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         out = args.out_dir or REPO / "runs" / f"detection-matrix-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%MZ')}"
         planned = plan(defects, seeds, not args.no_clean, clean_campaigns)
-        print(f"[matrix] {len(planned)} runs into {out} (about a minute each)", flush=True)
+        print(f"[matrix] {len(planned)} runs into {out} (about a minute each); sources {digest}", flush=True)
         if args.dry_run:
             for item in planned:
                 print(f"  {item.key} seed {item.seed}: campaigns/defects/{item.campaign}.yaml -> {item.run_dir(out)}")
             return 0
         out.mkdir(parents=True, exist_ok=True)
+        commit = current_commit()
+        sources = [str(out)] + ([str(args.records)] if args.records else [])
         try:
             for item in planned:
-                execute(item, out, args.timeout)
+                run = matrix_run(item, out, args, stems, digest, commit)
+                if run is not None:
+                    runs.append(run)
         except KeyboardInterrupt:
             print("[matrix] interrupted: summarising the runs made so far", flush=True)
-        sources = [str(out)]
-        run_dirs = [d for d in (item.run_dir(out) for item in planned) if (d / JOURNAL_FILENAME).is_file()]
-    if not run_dirs:
-        print("no run directories (with a journal.sqlite) found", file=sys.stderr)
+    if not runs:
+        print("no runs found (no journal.sqlite under the run directories, no records)", file=sys.stderr)
         return 1
-    stems = campaign_stems()
-    runs = []
-    for run_dir in run_dirs:
-        try:
-            runs.append(summarize_run(run_dir, stems))
-        except (sqlite3.Error, JournalError, OSError, ValueError, TypeError) as exc:  # keep the rest
-            print(f"[matrix] {run_dir}: cannot read the journal ({type(exc).__name__}: {exc}); left out", file=sys.stderr)
     matrix = aggregate(runs)
     text = markdown(runs, matrix, command=command, sources=[_relative(s) for s in sources])
     args.doc.parent.mkdir(parents=True, exist_ok=True)
@@ -548,6 +648,43 @@ def main(argv: list[str] | None = None) -> int:
     false_positives = sum(c["false_positives"] for c in matrix["clean"].values())
     missed = sum(d["runs"] - d["detected"] for d in matrix["defects"].values())
     return 1 if false_positives or missed else 0
+
+
+def summarize_dirs(run_dirs: list[Path], stems: dict[str, str]) -> list[RunSummary]:
+    runs = []
+    for run_dir in run_dirs:
+        try:
+            runs.append(summarize_run(run_dir, stems))
+        except (sqlite3.Error, JournalError, OSError, ValueError, TypeError) as exc:  # keep the rest
+            print(f"[matrix] {run_dir}: cannot read the journal ({type(exc).__name__}: {exc}); left out", file=sys.stderr)
+    return runs
+
+
+def matrix_run(item: Planned, out: Path, args: argparse.Namespace, stems: dict[str, str], digest: str,
+               commit: str | None) -> RunSummary | None:
+    """One planned run: its record when one of these sources exists, else the run (made or reused)
+    summarised and recorded."""
+    if args.records:
+        existing = record_path(args.records, item.defect or CLEAN, item.campaign, item.seed)
+        if existing.is_file():
+            try:
+                recorded = read_record(existing)
+            except (ValueError, TypeError, OSError):
+                recorded = None
+            if recorded is not None and recorded.source_digest == digest:
+                print(f"[matrix] {item.key} seed {item.seed}: recorded for these sources, reused ({_relative(str(existing))})", flush=True)
+                return recorded
+    execute(item, out, args.timeout)
+    run_dir = item.run_dir(out)
+    if not (run_dir / JOURNAL_FILENAME).is_file():
+        return None
+    [run] = summarize_dirs([run_dir], stems) or [None]
+    if run is None:
+        return None
+    run.commit, run.source_digest = commit, digest
+    if args.records and run.verdict is not None:
+        write_record(args.records, run)
+    return run
 
 
 if __name__ == "__main__":
