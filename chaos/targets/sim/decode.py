@@ -129,23 +129,29 @@ class DecodeEngine(Engine):
         self.waiting[room] = (req, outcome)
         self._slot_owner[room % METADATA_SLOTS] = room
         req.phase = Phase.WAITING_KV
+        # The waiting timer starts here, not after prefill acknowledged the pages: SGLang's send is
+        # fire-and-forget, so a prefill that stops answering times its rooms out all the same.
+        waiting_timeout = self.settings.timeouts.waiting_timeout_s
+        deadline = asyncio.get_running_loop().time() + waiting_timeout
         try:
             try:
-                await self.client.send_destination(
+                await asyncio.wait_for(self.client.send_destination(
                     addr, room, req.rid, Destination(self.transfer_host, self.transfer_port, prompt_pages)
-                )
+                ), timeout=waiting_timeout)
             except ConnectionError as exc:
                 self.fail_handoff(req, "handshake", str(exc))
+                return None
+            except asyncio.TimeoutError:
+                self._waiting_timed_out(req, waiting_timeout)
                 return None
             if self.injected_failure():
                 self.fail_handoff(req, "transfer", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
                 return None
-            waiting_timeout = self.settings.timeouts.waiting_timeout_s
             try:
-                result = await self.until_aborted(req, asyncio.shield(outcome), timeout=waiting_timeout)
+                left = max(0.0, deadline - asyncio.get_running_loop().time())
+                result = await self.until_aborted(req, asyncio.shield(outcome), timeout=left)
             except asyncio.TimeoutError:
-                log.warning("Some requests fail to receive KV Cache transfer done signal after bootstrapping. These requests will be marked as failed.")
-                self.fail_handoff(req, "transfer", f"Request {room} timed out after {waiting_timeout:.1f}s in KVPoll.WaitingForInput")
+                self._waiting_timed_out(req, waiting_timeout)
                 return None
             if result is None:
                 if "abort_reported_as_length" in self.defects:  # SGLang #33507
@@ -163,6 +169,10 @@ class DecodeEngine(Engine):
             return result.done
         finally:
             self.waiting.pop(room, None)
+
+    def _waiting_timed_out(self, req: Req, waiting_timeout: float) -> None:
+        log.warning("Some requests fail to receive KV Cache transfer done signal after bootstrapping. These requests will be marked as failed.")
+        self.fail_handoff(req, "transfer", f"Request {req.room} timed out after {waiting_timeout:.1f}s in KVPoll.WaitingForInput")
 
     def _commit(self, req: Req, done: Done) -> None:
         """Check the handoff before decoding over it: full coverage, then the checksum."""
