@@ -43,7 +43,9 @@ class LoadPlan:
     stages: tuple[tuple[float, int], ...] = ()  # shape "stages": (until_s, users) for the whole load
 
     def configs(self, workdir: Path) -> list[LoadConfig]:
-        """One LoadConfig per actor; users are split as evenly as possible."""
+        """One LoadConfig per actor; users are split as evenly as possible. Paths are absolute:
+        the actor and its Locust process run in other working directories."""
+        workdir = workdir.resolve()
         out = []
         for i in range(self.actors):
             users = _share(self.users, self.actors, i)
@@ -115,7 +117,7 @@ def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str |
     """Run the plan to its end (or Ctrl-C). `on_started(t)` fires once Locust is running: fault
     schedules count from then, not from Ray's start-up."""
     outcome = LoadOutcome()
-    workdir = run_dir / "load"
+    workdir = (run_dir / "load").resolve()  # a relative --out must mean the same in every process
     configs = plan.configs(workdir)
     journal.append_event(JournalEvent(EventKind.PHASE, f"{plan.phase}:start", {
         "profile": plan.profile.name, "users": plan.users, "actors": len(configs), "shape": plan.shape,

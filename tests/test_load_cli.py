@@ -26,10 +26,12 @@ def _locust_processes() -> list[int]:
 
 
 def test_two_actors_journal_every_request_locust_sent(tmp_path: Path) -> None:
+    """With a relative --out: the actors and Locust run elsewhere, and must write where it means here."""
     out = tmp_path / "load"
     result = subprocess.run([sys.executable, "-m", "chaos.cli", "load", "--target", "sim", "--profile", "mixed",
-                             "--users", "6", "--actors", "2", "--duration", "12s", "--out", str(out)],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+                             "--users", "6", "--actors", "2", "--duration", "12s", "--out", "load"],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["requests"] > 20
