@@ -69,7 +69,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "commits with another request's first token and before its own KV has landed",
         "SGLang #22716 (bug-zoo B06)",
         "concurrent PD traffic",
-        "handoff", ("reference", "canary"),
+        "handoff", ("reference", "canary", "usage"),
     ),
     Defect(
         "prefix_cache_keeps_evicted_pages", "K5",
