@@ -17,7 +17,11 @@ Rules, over the usable records (status 200, outcome ok, a first token seen; TTFT
     (as in Gu et al., "Auditing Prompt Caching", arXiv 2502.07776), one-sided: H1 is "guesses are
     stochastically faster" (statistic D+ = sup(F_guess - F_control), Smirnov's asymptotic p =
     exp(-2 z^2), z = sqrt(nm/(n+m)) D+). p < alpha (0.01) with the guesses' median below the
-    controls' is FAIL: another tenant's prompt is observable from the outside.
+    controls' by a practical margin is FAIL: another tenant's prompt is observable from the outside.
+    The margin is a quarter of what a hit saves, measured by the positive control (victim first
+    sends minus victim repeats, medians); without a timing-visible hit, 5 % of the controls' median.
+    Significance alone is not enough: with 12 rounds a systematic 0.3 ms drift between guesses and
+    controls on a clean engine reached p = 0.005, while a real cross-tenant hit saves tens of ms.
 (a) Positive control (vLLM PR #53347's point: "different salt => no reuse" passes trivially when
     caching is off). Same-salt reuse is shown when at least half of the victim repeats that
     report `cached_tokens` report a hit, or when the repeats are significantly faster than the
@@ -54,6 +58,8 @@ ATTACKER_GUESS = "attacker_guess"
 ATTACKER_CONTROL = "attacker_control"
 ROLES = (VICTIM, VICTIM_REPEAT, ATTACKER_GUESS, ATTACKER_CONTROL)
 DEFAULT_ALPHA = 0.01
+HIT_SAVING_FRACTION = 0.25  # a side channel must show at least this share of a same-tenant hit's saving
+FALLBACK_MARGIN = 0.05  # ... or, with no timing-visible hit to measure, this share of the controls' median
 
 
 # ------------------------------------------------------------------- two-sample KS test ----
@@ -173,6 +179,18 @@ def _faster(a: list[float], b: list[float], alpha: float) -> _Faster:
     return _Faster(ks, significant, best_possible_p(len(a), len(b)) < alpha)
 
 
+def _median_gap(faster: list[float], slower: list[float]) -> float:
+    return statistics.median(slower) - statistics.median(faster) if faster and slower else 0.0
+
+
+def _side_channel_margin(times: dict[str, list[float]], hit_visible: bool) -> float:
+    """How much faster than controls guesses must be to count as a hit (seconds)."""
+    if hit_visible:
+        return HIT_SAVING_FRACTION * _median_gap(times[VICTIM_REPEAT], times[VICTIM])
+    controls = times[ATTACKER_CONTROL]
+    return FALLBACK_MARGIN * statistics.median(controls) if controls else 0.0
+
+
 class TenantIsolationOracle:
     name = "tenant_isolation"
 
@@ -224,10 +242,16 @@ class TenantIsolationOracle:
 
         # (c) the timing side channel: guesses against never-sent controls.
         side = _faster(times[ATTACKER_GUESS], times[ATTACKER_CONTROL], self.alpha)
+        same = _faster(times[VICTIM_REPEAT], times[VICTIM], self.alpha)
+        margin = _side_channel_margin(times, same.significant)
+        gap = _median_gap(times[ATTACKER_GUESS], times[ATTACKER_CONTROL])
         if side.ks is not None:
-            notes.append(f"attacker guesses vs controls: {side.ks.describe()}; FAIL when the one-sided p < {self.alpha:g} "
-                         f"and the guesses' median is lower")
-        if side.significant:
+            notes.append(f"attacker guesses vs controls: {side.ks.describe()}, median gap {gap * 1000:.1f} ms; FAIL when "
+                         f"the one-sided p < {self.alpha:g} and the guesses are faster by at least {margin * 1000:.1f} ms")
+        if side.significant and gap < margin:
+            notes.append(f"guesses were significantly but only {gap * 1000:.1f} ms faster than controls (the margin is "
+                         f"{margin * 1000:.1f} ms): drift, not a cache hit")
+        elif side.significant:
             assert side.ks is not None
             findings.append(Finding(
                 self.name, Verdict.FAIL,
@@ -236,6 +260,7 @@ class TenantIsolationOracle:
                 f"never-sent controls of the same length (KS D+={side.ks.d_plus:.3f}, p={side.ks.p_a_smaller:.3g})",
                 evidence={"d": side.ks.d, "d_plus": side.ks.d_plus, "p_one_sided": side.ks.p_a_smaller,
                           "p_two_sided": side.ks.p_two_sided, "n_guess": side.ks.n, "n_control": side.ks.m,
+                          "median_gap_s": round(gap, 6), "margin_s": round(margin, 6),
                           "guess_ttft_s": [round(t, 6) for t in times[ATTACKER_GUESS]],
                           "control_ttft_s": [round(t, 6) for t in times[ATTACKER_CONTROL]]},
             ))
@@ -245,7 +270,6 @@ class TenantIsolationOracle:
         reported = [r for r in repeats if r.cached_tokens is not None]
         hits = [r for r in reported if r.cached_tokens]
         telemetry_reuse = bool(reported) and 2 * len(hits) >= len(reported)
-        same = _faster(times[VICTIM_REPEAT], times[VICTIM], self.alpha)
         notes.append(f"same-tenant reuse: {len(hits)} of {len(reported)} victim repeat(s) reporting cached_tokens hit "
                      f"the cache" + (f"; repeats vs first sends: {same.ks.describe()}" if same.ks else ""))
         if not telemetry_reuse and not same.significant:
