@@ -18,6 +18,9 @@ from faults.base import Confirmation, Fault, FaultContext, FaultParams
 from faults.signals import LogCursor, healthy, transfer_failures
 from faults.undo import UndoAction
 
+# A killed engine's exit unmaps gigabytes and a TERMed one shuts down gracefully: on a busy
+# 2-core machine either took longer than 10 s in CI.
+EFFECT_TIMEOUT_S = 30.0
 
 
 def _procs(ctx: FaultContext, role: str) -> list[Any]:
@@ -41,6 +44,10 @@ def _all_stopped(procs: list[Any]) -> bool:
     and run nothing, so they do not count."""
     states = [s for p in procs for s in p.group_states().values() if s not in ("Z", "X")]
     return bool(states) and all(s == "T" for s in states)
+
+
+def _states(states: dict[int, str]) -> str:
+    return ", ".join(f"pid {pid} {state}" for pid, state in sorted(states.items()))
 
 
 def _peer(role: str) -> str:
@@ -108,18 +115,20 @@ class ProcessKill(Fault):
         ctx.baseline["procs"] = procs
         for proc in procs:
             proc.signal_group(getattr(signal, f"SIG{p.signal}"))
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and not self._took_effect(ctx):
+        deadline = time.monotonic() + EFFECT_TIMEOUT_S
+        while time.monotonic() < deadline and self._lingering(ctx):
             time.sleep(0.1)
-        ctx.baseline["effect"] = self._took_effect(ctx)
+        ctx.baseline["lingering"] = self._lingering(ctx)
         ctx.baseline["health_during"] = self._role_healthy(ctx)
 
-    def _took_effect(self, ctx: FaultContext) -> bool:
+    def _lingering(self, ctx: FaultContext) -> dict[int, str]:
+        """pid -> state of each member the signal has not yet reached (not stopped, or not dead)."""
         p: KillParams = self.params  # type: ignore[assignment]
-        procs = ctx.baseline["procs"]
-        if p.signal == "STOP":
-            return _all_stopped(procs)
-        return all(s == "Z" for proc in procs for s in proc.group_states().values())
+        done = ("T", "Z", "X") if p.signal == "STOP" else ("Z", "X")
+        states = {pid: state for proc in ctx.baseline["procs"] for pid, state in proc.group_states().items()}
+        if p.signal == "STOP" and not states:
+            return {-1: "no live member"}  # nothing left to pause is not a pause
+        return {pid: state for pid, state in states.items() if state not in done}
 
     def _role_healthy(self, ctx: FaultContext) -> bool:
         p: KillParams = self.params  # type: ignore[assignment]
@@ -129,6 +138,8 @@ class ProcessKill(Fault):
 
     def confirm(self, ctx: FaultContext) -> Confirmation:
         p: KillParams = self.params  # type: ignore[assignment]
-        effect, health = ctx.baseline.get("effect"), ctx.baseline.get("health_during")
+        lingering, health = ctx.baseline.get("lingering", {-1: "not signalled"}), ctx.baseline.get("health_during")
         what = "stopped" if p.signal == "STOP" else "gone"
-        return Confirmation(bool(effect) and not health, f"process group {what}={effect}, {p.role} health during fault={health}")
+        left = f" (after {EFFECT_TIMEOUT_S:.0f} s still: {_states(lingering)})" if lingering else ""
+        return Confirmation(not lingering and not health,
+                            f"process group {what}={not lingering}{left}, {p.role} health during fault={health}")
