@@ -74,8 +74,12 @@ class ManagedProcess:
             except subprocess.TimeoutExpired:
                 self.signal_group(signal.SIGKILL)
                 self.popen.wait(timeout=timeout_s)
-        # Children of the leader may outlive it; the group signal reaches them too.
+        # Children of the leader may outlive it; the group signal reaches them too. Stopped means
+        # gone: a member still tearing down would race its successor for ports and locks.
         self.signal_group(signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(s not in ("Z", "X") for s in self.group_states().values()):
+            time.sleep(0.1)
         return self.popen.returncode
 
 

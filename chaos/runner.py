@@ -275,7 +275,11 @@ class Runner:
                                          progress=progress, on_started=mark_started, on_records=self._scan_live)
         finally:
             load_done.set()
-            for thread in workers:
+            faults, *others = workers
+            # A heal is bounded by its own timeouts (a vLLM restart: several minutes); the journal
+            # must stay open until it is written, so the fault thread is waited for in full.
+            faults.join()
+            for thread in others:
                 thread.join(timeout=120)
             if self.show_progress:
                 print(flush=True)
