@@ -18,6 +18,10 @@ from typing import Any
 
 import httpx
 
+# Process states of a member that has exited (a zombie waits only to be reaped): it runs nothing
+# and holds no port, so a group of them is gone.
+EXITED = ("Z", "X")
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now (the OS picks it)."""
@@ -55,8 +59,7 @@ class ManagedProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def group_states(self) -> dict[int, str]:
-        """pid -> one-letter state (T = stopped, Z = zombie) of every live member of its group."""
-        return {pid: state for pid in group_members(self.pgid) if (state := process_state(pid)) is not None}
+        return group_states(self.pgid)
 
     def signal_group(self, signum: int) -> None:
         try:
@@ -77,9 +80,7 @@ class ManagedProcess:
         # Children of the leader may outlive it; the group signal reaches them too. Stopped means
         # gone: a member still tearing down would race its successor for ports and locks.
         self.signal_group(signal.SIGKILL)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(s not in ("Z", "X") for s in self.group_states().values()):
-            time.sleep(0.1)
+        await_group_exit(self.pgid, timeout_s)
         return self.popen.returncode
 
 
@@ -156,6 +157,24 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def group_states(pgid: int) -> dict[int, str]:
+    """pid -> one-letter state (T = stopped, Z = zombie) of every member of a process group."""
+    return {pid: state for pid in group_members(pgid) if (state := process_state(pid)) is not None}
+
+
+def live_states(states: Mapping[int, str]) -> dict[int, str]:
+    """The members that still run: a zombie has exited and only waits to be reaped."""
+    return {pid: state for pid, state in states.items() if state not in EXITED}
+
+
+def await_group_exit(pgid: int, timeout_s: float) -> dict[int, str]:
+    """Wait until no member of the group runs; returns what still ran at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (live := live_states(group_states(pgid))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return live
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -167,16 +186,17 @@ def pid_alive(pid: int) -> bool:
 
 
 def kill_group(pgid: int, timeout_s: float = 10.0) -> None:
-    """Stop a process group we only know by id (e.g. from a state file): CONT, TERM, then KILL."""
+    """Stop a process group we only know by id (e.g. from a state file): CONT, TERM, then KILL
+    whatever still runs; returns when the whole group is gone (or `timeout_s` after the KILL)."""
     for signum in (signal.SIGCONT, signal.SIGTERM):
         try:
             os.killpg(pgid, signum)
         except ProcessLookupError:
             return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and pid_alive(pgid):
-        time.sleep(0.1)
+    if not await_group_exit(pgid, timeout_s):
+        return
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        return
+    await_group_exit(pgid, timeout_s)

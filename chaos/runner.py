@@ -262,12 +262,13 @@ class Runner:
             started_at.append(t)
             load_started.set()
 
-        workers = [
-            threading.Thread(target=self._fault_schedule, args=(load_started, started_at, load_done), name="faults", daemon=True),
+        fault_thread = threading.Thread(target=self._fault_schedule, args=(load_started, started_at, load_done), name="faults",
+                                        daemon=True)
+        helpers = [
             threading.Thread(target=self._replay_probes, args=(load_started, started_at, load_done), name="probes", daemon=True),
             threading.Thread(target=self._sample_pools, args=(load_done,), name="pools", daemon=True),
         ]
-        for thread in workers:
+        for thread in (fault_thread, *helpers):
             thread.start()
         progress = terminal_progress(load.duration_s, self._live_status) if self.show_progress else None
         try:
@@ -275,11 +276,10 @@ class Runner:
                                          progress=progress, on_started=mark_started, on_records=self._scan_live)
         finally:
             load_done.set()
-            faults, *others = workers
             # A heal is bounded by its own timeouts (a vLLM restart: several minutes); the journal
             # must stay open until it is written, so the fault thread is waited for in full.
-            faults.join()
-            for thread in others:
+            fault_thread.join()
+            for thread in helpers:
                 thread.join(timeout=120)
             if self.show_progress:
                 print(flush=True)

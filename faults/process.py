@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from chaos.errors import UsageError
+from chaos.process import live_states
 from chaos.targets.dialect import dialect_of
 from faults.base import Confirmation, Fault, FaultContext, FaultParams
 from faults.signals import LogCursor, healthy, transfer_failures
@@ -42,7 +43,7 @@ def _wait_stopped(procs: list[Any], timeout_s: float = 5.0) -> bool:
 def _all_stopped(procs: list[Any]) -> bool:
     """Every live member stopped. Zombies (an engine's exited helpers not yet reaped) cannot stop
     and run nothing, so they do not count."""
-    states = [s for p in procs for s in p.group_states().values() if s not in ("Z", "X")]
+    states = [s for p in procs for s in live_states(p.group_states()).values()]
     return bool(states) and all(s == "T" for s in states)
 
 
@@ -122,13 +123,15 @@ class ProcessKill(Fault):
         ctx.baseline["health_during"] = self._role_healthy(ctx)
 
     def _lingering(self, ctx: FaultContext) -> dict[int, str]:
-        """pid -> state of each member the signal has not yet reached (not stopped, or not dead)."""
+        """pid -> state of each member the signal has not yet acted on (not stopped, or not dead)."""
         p: KillParams = self.params  # type: ignore[assignment]
-        done = ("T", "Z", "X") if p.signal == "STOP" else ("Z", "X")
-        states = {pid: state for proc in ctx.baseline["procs"] for pid, state in proc.group_states().items()}
-        if p.signal == "STOP" and not states:
-            return {-1: "no live member"}  # nothing left to pause is not a pause
-        return {pid: state for pid, state in states.items() if state not in done}
+        procs = ctx.baseline["procs"]
+        live = {pid: state for proc in procs for pid, state in live_states(proc.group_states()).items()}
+        if p.signal != "STOP":
+            return live
+        if not live:  # nothing left to pause is not a pause
+            return {proc.pgid: "gone" for proc in procs}
+        return {pid: state for pid, state in live.items() if state != "T"}
 
     def _role_healthy(self, ctx: FaultContext) -> bool:
         p: KillParams = self.params  # type: ignore[assignment]
@@ -138,7 +141,7 @@ class ProcessKill(Fault):
 
     def confirm(self, ctx: FaultContext) -> Confirmation:
         p: KillParams = self.params  # type: ignore[assignment]
-        lingering, health = ctx.baseline.get("lingering", {-1: "not signalled"}), ctx.baseline.get("health_during")
+        lingering, health = ctx.baseline["lingering"], ctx.baseline["health_during"]
         what = "stopped" if p.signal == "STOP" else "gone"
         left = f" (after {EFFECT_TIMEOUT_S:.0f} s still: {_states(lingering)})" if lingering else ""
         return Confirmation(not lingering and not health,

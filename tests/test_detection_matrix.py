@@ -38,9 +38,9 @@ def _tables(text: str) -> list[str]:
 
 def test_the_committed_document_is_what_the_committed_records_say(tmp_path: Path) -> None:
     doc = tmp_path / "matrix.md"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "detection_matrix.py"), "--from-records",
-                    str(dm.DEFAULT_RECORDS), "--any-source", "--doc", str(doc)],
-                   capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert doc.is_file()
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "detection_matrix.py"), "--from-records",
+                             str(dm.DEFAULT_RECORDS), "--any-source", "--doc", str(doc)],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0 and doc.is_file(), result.stdout + result.stderr
     committed = (ROOT / "docs" / "detection-matrix.md").read_text()
     assert _tables(doc.read_text()) == _tables(committed), "regenerate: benchmarks/detection_matrix.py --from-records"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import TargetError
-from chaos.process import group_members, pid_alive, process_state
+from chaos.process import group_states, pid_alive
 from chaos.targets.base import Endpoints, WorkerEndpoint
 
 
@@ -48,7 +48,7 @@ class AttachedProcess:
             pass
 
     def group_states(self) -> dict[int, str]:
-        return {pid: state for pid in group_members(self.pgid) if (state := process_state(pid)) is not None}
+        return group_states(self.pgid)
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         raise TargetError(f"{self.name} was attached, not launched: pdchaos does not stop it")
