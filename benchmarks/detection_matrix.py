@@ -1,15 +1,21 @@
-"""Detection matrix: which shipped campaign catches each engine defect, how often, and how fast.
+"""Detection matrix: which campaign catches each engine defect, how often, and how fast.
 
-For every defect of the embedded engine it runs that defect's campaign (`campaigns/defects/`)
-over several seeds, and every campaign used on the clean engine over the same seeds; then it
-writes `docs/detection-matrix.md`:
+It measures **columns of campaigns** (`--campaigns default,twin,defects`, all three by default):
 
-- per defect: the campaign, the oracle(s) that caught it (and how often each did), the detection
-  rate over seeds, the median time from load start to the first detection, and the oracles that
-  failed besides the intended ones;
-- per campaign on the clean engine: the verdicts over seeds and the false positives (runs where
-  any oracle FAILed), which must be zero;
-- one line per run, with its run directory, so every figure can be checked in its report.
+- `default`: `campaigns/default.yaml`, the campaign `make run` runs, against every defect of the
+  embedded engine and against the clean engine;
+- `twin`: `benchmarks/campaigns/sglang-launch-sim.yaml`, the fault windows of
+  `campaigns/sglang-launch.yaml` in the same order, scaled to two and a half minutes of load on
+  the embedded engine;
+- `defects`: each defect's own campaign in `campaigns/defects/`, which the defect registry names.
+
+Each defect runs in every chosen column over `--seeds` seeds; the clean engine runs `default` and
+`twin` over `--clean-seeds` seeds (default 20 for `default`, 3 for `twin`) and each per-defect
+campaign over `--clean-seeds` seeds (default 3). Then it writes `docs/detection-matrix.md`: one table
+per column with, per defect, the detection rate, the median time from the start of the provoking
+window to the first detection (and from the load start), the oracles that caught it; the
+clean-engine verdicts and false positives of the column's campaigns; the machine's load during
+the runs, the command and the source digest.
 
 A run counts as a detection when `pdchaos run` ends FAIL and at least one of the defect's intended
 oracles is among the failing ones (the rule of tests/test_defects.py). Time to first detection
@@ -21,37 +27,50 @@ oracle's verdict event; a page leak seen at an idle moment mid-load counts from 
 (`evidence.t_snapshot`). A time below zero is a detection before the load started: the baseline's
 tenant probe. Oracles list only the first findings of each rule (their listing caps), in journal
 order, so the earliest listed finding is not always the earliest in the run.
+The provoking window of a detection is the fault window most recently started at or before it:
+of the windows in journal order, the last whose start (its first journaled event, the undo plan,
+which precedes its provocation's sizing requests and the inject) is at or before the detection
+time. A detection before every window (the baseline, ordinary traffic) has none.
 
-Every finished run also leaves a record: its summary as JSON (a few kB) under `--records`
-(default `benchmarks/results/detection-matrix/`, kept in the repository), with the commit and a
-digest of the sources that decide the outcome (embedded engine, faults, oracles, load, defect
-campaigns).
-Records outlive the run directories (a fresh machine has none), so a matrix too long for one
-sitting accumulates: `--from-records` summarises them, and the matrix reuses a record of the
-current sources instead of running again. Records of other sources are summarised only with
-`--any-source` (the doc then lists every digest).
+Every finished run leaves a record: its summary as JSON (a few kB) under `--records` (default
+`benchmarks/results/detection-matrix/`, kept in the repository), keyed by (campaign, defect or
+clean, seed), with the commit, the machine's load average at the run's start and end, and the
+digest of the sources that decide the outcome of the campaigns it runs (`chaos/` but for the
+SGLang and vLLM targets, `faults/`, `loadprofiles/`, `campaigns/default.yaml`,
+`campaigns/defects/`, `benchmarks/campaigns/`; `--digest` prints it). The digest is taken before
+and after each run: a run during which the sources changed is not recorded. A record of the
+current sources is reused instead of running again, so a matrix too long for one sitting
+accumulates across machines. **A record of other sources is never reused and never summarised
+into the matrix**: the doc is made from the records of the current digest only. `--any-source`
+(every digest) and `--records-digest D` (the records of digest D) are diagnostics: the doc they
+write is headed as not being of the current sources.
 
-Each run is one `pdchaos run CAMPAIGN --out DIR --quiet --seed N [--defect NAME]` at a time,
-about a minute each on 2 cores (10 defects + 4 clean campaigns: about 15 minutes per seed).
-Runs already complete in `--out-dir` are reused, so an interrupted matrix resumes where it
-stopped. `--from-runs DIR` runs nothing: it summarises every run directory found under DIR,
-whatever its layout, from the journals alone (campaign, defects and seed come from the
-journal's meta).
+Each run is one `pdchaos run CAMPAIGN --out DIR --quiet --seed N [--defect NAME]` at a time (2
+cores): about a minute for a per-defect campaign, about 4 minutes for `default` and `twin`.
+Runs already complete in `--out-dir` are reused when their sidecar names the current digest, so an
+interrupted matrix resumes where it stopped. `--from-runs DIR` runs nothing: it summarises every
+run directory found under DIR, whatever its layout, from the journals alone (campaign, defects and
+seed come from the journal's meta; the digest from the sidecar this script wrote beside it, so
+runs made by hand count only with `--any-source`).
 
-    .venv/bin/python benchmarks/detection_matrix.py --seeds 3                     # ~45 minutes
-    .venv/bin/python benchmarks/detection_matrix.py --seeds 2 --defects metadata_slot_collision,pages_leak_on_abort
-    .venv/bin/python benchmarks/detection_matrix.py --from-runs runs/detection-matrix-20261202T1300Z
+    .venv/bin/python benchmarks/detection_matrix.py --seeds 3                      # every column
+    .venv/bin/python benchmarks/detection_matrix.py --campaigns defects --seeds 2 --defects metadata_slot_collision
+    .venv/bin/python benchmarks/detection_matrix.py --dry-run                      # the runs it would make
     .venv/bin/python benchmarks/detection_matrix.py --from-records benchmarks/results/detection-matrix
-    .venv/bin/python benchmarks/detection_matrix.py --self-test                   # synthetic journals, no runs
+    .venv/bin/python benchmarks/detection_matrix.py --from-runs runs/detection-matrix-20261203T1300Z
+    .venv/bin/python benchmarks/detection_matrix.py --digest                       # the current sources' digest
+    .venv/bin/python benchmarks/detection_matrix.py --self-test                    # synthetic journals, no runs
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
 import platform
+import re
 import signal
 import sqlite3
 import statistics
@@ -76,20 +95,75 @@ import yaml
 from chaos.journal import JOURNAL_FILENAME, Journal, JournalError
 from chaos.targets.sim.defects import DEFECTS
 
-CAMPAIGNS = REPO / "campaigns" / "defects"
+CAMPAIGNS = REPO / "campaigns" / "defects"  # the `defects` column: one campaign per defect
+DEFAULT_CAMPAIGN = REPO / "campaigns" / "default.yaml"  # the `default` column: what `make run` runs
+TWIN_CAMPAIGN = HERE / "campaigns" / "sglang-launch-sim.yaml"  # the `twin` column
+COLUMNS = ("default", "twin", "defects")
+COLUMN_TITLES = {
+    "default": "campaigns/default.yaml, the campaign `make run` runs",
+    "twin": "benchmarks/campaigns/sglang-launch-sim.yaml, the windows of campaigns/sglang-launch.yaml on the embedded engine",
+    "defects": "each defect's own campaign in campaigns/defects/",
+}
+CLEAN_SEEDS = {"default": 20, "twin": 3, "defects": 3}  # clean-engine seeds per column unless --clean-seeds
 DEFAULT_DOC = REPO / "docs" / "detection-matrix.md"
 DEFAULT_RECORDS = HERE / "results" / "detection-matrix"
-# What decides a run's outcome: a record counts for the current sources only when these match.
-SOURCE_GLOBS = ("chaos/**/*.py", "faults/**/*.py", "loadprofiles/**/*.py", "campaigns/defects/*.yaml")
+# What decides the outcome of the campaigns the matrix runs: a record counts for the current
+# sources only when the digest over these matches. Every file under the trees (not only *.py:
+# data a module reads decides too), and the campaigns themselves.
+SOURCE_TREES = ("chaos", "faults", "loadprofiles")
+SOURCE_FILES = ("campaigns/default.yaml", "campaigns/defects/*.yaml", "benchmarks/campaigns/*.yaml")
 # The other engines' targets: a matrix run launches the embedded engine only (their specs just
 # parse their own `target:` sections), so a fix there does not make the records stale.
 SOURCE_EXCLUDED = ("chaos/targets/sglang/", "chaos/targets/vllm/")
 RUN_TIMEOUT_S = 900
+DIGEST_LINE = re.compile(r"^- source digest: `([0-9a-f]+)`")
 
 # defect -> (campaign in campaigns/defects/, oracles of which at least one must FAIL): the
 # defect registry says both, as tests/test_defects.py reads them too.
 EXPECTED: dict[str, tuple[str, frozenset[str]]] = {d.name: (d.campaign, frozenset(d.caught_by)) for d in DEFECTS.values()}
 CLEAN = "(clean)"
+
+
+# ----------------------------------------------------------------------- the campaigns ----
+
+@dataclass(frozen=True)
+class CampaignFile:
+    stem: str  # how records and the doc name it: the file stem
+    column: str  # default, twin or defects
+    path: Path
+
+
+def campaign_files() -> dict[str, CampaignFile]:
+    """Campaign name (inside the YAML) -> the campaign file, for every column's campaigns."""
+    files = [(DEFAULT_CAMPAIGN, "default"), (TWIN_CAMPAIGN, "twin")] + [(p, "defects") for p in sorted(CAMPAIGNS.glob("*.yaml"))]
+    found = {}
+    for path, column in files:
+        try:
+            name = (yaml.safe_load(path.read_text()) or {}).get("name")
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(name, str):
+            found[name] = CampaignFile(path.stem, column, path)
+    return found
+
+
+def campaign_stems() -> dict[str, str]:
+    """Campaign name (inside the YAML) -> file stem."""
+    return {name: f.stem for name, f in campaign_files().items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _columns_by_stem() -> dict[str, str]:
+    return {f.stem: f.column for f in campaign_files().values()}
+
+
+def column_of(campaign: str) -> str:
+    """The column of a campaign stem; a campaign of none of them is a column of its own."""
+    return _columns_by_stem().get(campaign, campaign)
+
+
+def column_order(columns: Iterable[str]) -> list[str]:
+    return sorted(set(columns), key=lambda c: (COLUMNS.index(c) if c in COLUMNS else len(COLUMNS), c))
 
 
 # ----------------------------------------------------------------------- reading one run ----
@@ -102,12 +176,14 @@ class OracleOutcome:
     first_s: float | None = None  # earliest failing finding, seconds after load start
     first_end_s: float | None = None  # the same finding's reply end (request findings only)
     basis: str | None = None  # request | idle snapshot | drain snapshot | verdict
+    window: str | None = None  # the provoking window (fault#wN): the last started at or before first_s
+    window_s: float | None = None  # first_s minus that window's start
 
 
 @dataclass
 class RunSummary:
     path: str
-    campaign: str  # the file stem in campaigns/defects/ when known, else the campaign's name
+    campaign: str  # the campaign's file stem when known, else the campaign's name
     defects: list[str]
     seed: int | None
     verdict: str | None  # PASS / FAIL / INCONCLUSIVE; None: the run never reached its verdict
@@ -116,12 +192,22 @@ class RunSummary:
     oracles: dict[str, OracleOutcome] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     wall_s: float | None = None  # from the sidecar this script writes when it ran the run
-    commit: str | None = None  # records only: where the run was made
+    commit: str | None = None
     source_digest: str | None = None
+    # fault windows in journal order: label, start_s (first event), inject_s, end_s (heal), after load
+    # start; None: not recorded (a record older than window timing)
+    windows: list[dict[str, Any]] | None = None
+    loadavg_start: list[float] | None = None  # os.getloadavg() right before the run (sidecar)
+    loadavg_end: list[float] | None = None  # and right after it
+    cpus: int | None = None  # usable CPUs of the machine that ran it
 
     @property
     def key(self) -> str:
         return "+".join(sorted(self.defects)) if self.defects else CLEAN
+
+    @property
+    def column(self) -> str:
+        return column_of(self.campaign)
 
     @property
     def failing(self) -> list[str]:
@@ -147,26 +233,52 @@ class RunSummary:
         timed = [self.oracles[n] for n in self.catching() if self.oracles[n].first_s is not None]
         return min(timed, key=lambda o: o.first_s) if timed else None  # type: ignore[arg-type,return-value]
 
-
-def campaign_stems() -> dict[str, str]:
-    """Campaign name (inside the YAML) -> file stem, for the shipped defect campaigns."""
-    stems = {}
-    for path in sorted(CAMPAIGNS.glob("*.yaml")):
-        try:
-            name = (yaml.safe_load(path.read_text()) or {}).get("name")
-        except yaml.YAMLError:
-            continue
-        if isinstance(name, str):
-            stems[name] = path.stem
-    return stems
+    def window_of(self, first: OracleOutcome) -> str:
+        """The provoking window of a detection, or why there is none."""
+        if first.window:
+            return first.window
+        if self.windows is None:
+            return "(windows not recorded)"
+        return "(before every window)" if self.windows else "(no fault window in the run)"
 
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _loadavg(value: Any) -> list[float] | None:
+    if isinstance(value, list) and value and all(_number(v) is not None for v in value):
+        return [float(v) for v in value]
+    return None
+
+
+def provoking_window(windows: Sequence[dict[str, Any]], t: float | None) -> dict[str, Any] | None:
+    """Of the windows in journal order, the last whose start is at or before `t` (seconds after
+    the load start): the window whose provocation or fault was active at or before it."""
+    if t is None:
+        return None
+    started = [w for w in windows if w.get("start_s") is not None and w["start_s"] <= t]
+    return started[-1] if started else None
+
+
+def read_windows(journal: Journal, load_started_at: float) -> list[dict[str, Any]]:
+    """The run's fault windows in journal order, timed from the load start."""
+    windows: dict[str, dict[str, Any]] = {}
+    for event in journal.iter_events(kind="fault"):
+        wid = str(event.data.get("window", event.name))
+        window = windows.setdefault(wid, {"label": f"{event.name}#{wid}", "start_s": round(event.t - load_started_at, 3),
+                                          "inject_s": None, "end_s": None})
+        step = event.data.get("step")
+        if step == "inject" and window["inject_s"] is None:
+            window["inject_s"] = round(event.t - load_started_at, 3)
+        elif step == "heal":
+            window["end_s"] = round(event.t - load_started_at, 3)
+    return list(windows.values())
+
+
 def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSummary:
-    """Everything the matrix needs from one run directory, read from its journal only."""
+    """Everything the matrix needs from one run directory, read from its journal (and the sidecar
+    this script writes beside a run it made)."""
     stems = campaign_stems() if stems is None else stems
     with Journal.open(run_dir, readonly=True) as journal:
         meta = journal.all_meta()
@@ -184,6 +296,8 @@ def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSumm
             run.problems.append("no run verdict in the journal (crashed or still running)")
         if run.load_started_at is None:
             run.problems.append("no load_started_at in the meta: times are not known")
+        else:
+            run.windows = read_windows(journal, run.load_started_at)
         drained = [e.t for e in journal.iter_events(kind="probe", name="loads") if e.data.get("phase") == "after_drain"]
         drain_t = min(drained) if drained else None
         latest: dict[str, tuple[float, dict[str, Any]]] = {}
@@ -207,14 +321,23 @@ def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSumm
                     else:
                         candidates.append((verdict_t, None, "verdict"))
                 t, t_end, basis = min(candidates, key=lambda c: c[0])
-                outcome.first_s = t - run.load_started_at
-                outcome.first_end_s = None if t_end is None else t_end - run.load_started_at
+                outcome.first_s = round(t - run.load_started_at, 3)
+                outcome.first_end_s = None if t_end is None else round(t_end - run.load_started_at, 3)
                 outcome.basis = basis
+                window = provoking_window(run.windows or [], outcome.first_s)
+                if window is not None:
+                    outcome.window, outcome.window_s = window["label"], round(outcome.first_s - window["start_s"], 3)
             run.oracles[oracle] = outcome
     sidecar = run_dir.with_name(run_dir.name + ".result.json")
     if sidecar.is_file():
         try:
-            run.wall_s = _number(json.loads(sidecar.read_text()).get("wall_s"))
+            side = json.loads(sidecar.read_text())
+            run.wall_s = _number(side.get("wall_s"))
+            run.loadavg_start, run.loadavg_end = _loadavg(side.get("loadavg_start")), _loadavg(side.get("loadavg_end"))
+            run.cpus = side.get("cpus") if isinstance(side.get("cpus"), int) else None
+            digest = side.get("source_digest")
+            if isinstance(digest, str) and digest and digest == side.get("source_digest_after", digest):
+                run.source_digest, run.commit = digest, side.get("commit")
         except (ValueError, AttributeError):
             pass
     return run
@@ -229,12 +352,24 @@ def find_runs(roots: Iterable[Path]) -> list[Path]:
     return sorted(found)
 
 
+def source_files() -> list[Path]:
+    """The files the digest covers (SOURCE_TREES, SOURCE_FILES; not SOURCE_EXCLUDED), sorted."""
+    paths = {p for tree in SOURCE_TREES for p in (REPO / tree).rglob("*")}
+    paths |= {p for pattern in SOURCE_FILES for p in REPO.glob(pattern)}
+    keep = []
+    for path in paths:
+        rel = path.relative_to(REPO).as_posix()
+        if not path.is_file() or rel.startswith(SOURCE_EXCLUDED) or "__pycache__" in path.parts or path.suffix == ".pyc":
+            continue
+        keep.append(path)
+    return sorted(keep, key=lambda p: p.relative_to(REPO).as_posix())
+
+
 def source_digest() -> str:
-    """sha256 over the files that decide a run's outcome (SOURCE_GLOBS), 16 hex digits."""
+    """sha256 over the files that decide the outcome of the matrix's campaigns, 16 hex digits."""
     digest = hashlib.sha256()
-    paths = {p for pattern in SOURCE_GLOBS for p in REPO.glob(pattern)}
-    for path in sorted(p for p in paths if not str(p.relative_to(REPO)).startswith(SOURCE_EXCLUDED)):
-        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in source_files():
+        digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
@@ -247,7 +382,13 @@ def current_commit() -> str | None:
 
 
 def record_path(records: Path, key: str, campaign: str, seed: int | None) -> Path:
+    """A record is keyed by (campaign, defect or clean, seed); campaign stems are unique across columns."""
     return records / ("clean" if key == CLEAN else key) / f"{campaign}-seed-{seed}.json"
+
+
+def _record_name(run: RunSummary) -> str:
+    """Where the run's committed record is (its run directory was on the machine that ran it)."""
+    return _relative(str(record_path(DEFAULT_RECORDS, run.key, run.campaign, run.seed)))
 
 
 def write_record(records: Path, run: RunSummary) -> Path:
@@ -276,6 +417,17 @@ def read_records(roots: Iterable[Path]) -> list[tuple[Path, RunSummary]]:
     return found
 
 
+def select(runs: Iterable[RunSummary], digest: str, *, any_source: bool = False,
+           records_digest: str | None = None) -> tuple[list[RunSummary], list[RunSummary]]:
+    """(kept, left out): the runs of the current sources; with `records_digest`, those of that
+    digest instead; with `any_source`, all. A run of unknown sources is of no digest."""
+    kept, left = [], []
+    for run in runs:
+        wanted = any_source or run.source_digest == (records_digest or digest)
+        (kept if wanted else left).append(run)
+    return kept, left
+
+
 # ------------------------------------------------------------------------------ the matrix ----
 
 def _median(values: Sequence[float]) -> float | None:
@@ -286,9 +438,8 @@ def _secs(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f} s"
 
 
-def aggregate(runs: list[RunSummary]) -> dict[str, Any]:
+def _column_defects(runs: list[RunSummary]) -> dict[str, Any]:
     defects: dict[str, Any] = {}
-    clean: dict[str, Any] = {}
     for key in sorted({r.key for r in runs if r.key != CLEAN}):
         mine = [r for r in runs if r.key == key]
         hits = [r for r in mine if r.detected()]
@@ -302,11 +453,19 @@ def aggregate(runs: list[RunSummary]) -> dict[str, Any]:
             "runs": len(mine), "detected": len(hits),
             "verdicts": dict(Counter(str(r.verdict) for r in mine)),
             "caught_by": dict(caught_by), "other_failing": dict(others),
+            "median_window_s": _median([f.window_s for f in firsts if f.window_s is not None]),
             "median_first_s": _median([f.first_s for f in firsts if f.first_s is not None]),
+            "window_s": [round(f.window_s, 2) for f in firsts if f.window_s is not None],
             "first_s": [round(f.first_s, 2) for f in firsts if f.first_s is not None],
+            "windows": dict(Counter(r.window_of(f) for r in hits if (f := r.first_detection()) is not None)),
             "bases": dict(Counter(f.basis for f in firsts)),
             "seeds": sorted(r.seed for r in mine if r.seed is not None),
         }
+    return defects
+
+
+def _column_clean(runs: list[RunSummary]) -> dict[str, Any]:
+    clean: dict[str, Any] = {}
     for campaign in sorted({r.campaign for r in runs if r.key == CLEAN}):
         mine = [r for r in runs if r.key == CLEAN and r.campaign == campaign]
         fp = [r for r in mine if r.failing]
@@ -316,7 +475,23 @@ def aggregate(runs: list[RunSummary]) -> dict[str, Any]:
             "inconclusive": len([r for r in mine if r.verdict == "INCONCLUSIVE"]),
             "seeds": sorted(r.seed for r in mine if r.seed is not None),
         }
-    return {"defects": defects, "clean": clean}
+    return clean
+
+
+def machine_load(runs: list[RunSummary]) -> dict[str, Any]:
+    """The 1-minute load average at the start and end of each run: median and max."""
+    readings = [v[0] for r in runs for v in (r.loadavg_start, r.loadavg_end) if v]
+    return {"readings": len(readings), "median": _median(readings), "max": max(readings) if readings else None,
+            "runs_without": len([r for r in runs if not (r.loadavg_start or r.loadavg_end)]),
+            "cpus": sorted({r.cpus for r in runs if r.cpus is not None})}
+
+
+def aggregate(runs: list[RunSummary]) -> dict[str, Any]:
+    columns = {}
+    for column in column_order(r.column for r in runs):
+        mine = [r for r in runs if r.column == column]
+        columns[column] = {"defects": _column_defects(mine), "clean": _column_clean(mine)}
+    return {"columns": columns, "load": machine_load(runs)}
 
 
 def _counts(counter: dict[str, int], of: int | None = None) -> str:
@@ -325,62 +500,132 @@ def _counts(counter: dict[str, int], of: int | None = None) -> str:
     return ", ".join(f"{k} {v}" + (f"/{of}" if of else "") for k, v in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def markdown(runs: list[RunSummary], matrix: dict[str, Any], *, command: str, sources: list[str]) -> str:
+def _rate(d: dict[str, Any]) -> str:
+    return f"{d['detected']}/{d['runs']}" + (f" ({100 * d['detected'] / d['runs']:.0f}%)" if d["runs"] else "")
+
+
+def _digests(runs: list[RunSummary]) -> list[str | None]:
+    return sorted({r.source_digest for r in runs}, key=str)
+
+
+def markdown(runs: list[RunSummary], matrix: dict[str, Any], *, command: str, sources: list[str],
+             digest: str | None = None) -> str:
+    """The document. `digest`: the current sources' digest; runs of any other (or of several)
+    make the document a diagnostic, and its head says so."""
+    digest = source_digest() if digest is None else digest
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
         cpus = os.cpu_count() or 0
     seeds = sorted({r.seed for r in runs if r.seed is not None})
-    lines = [
-        "# Detection matrix",
-        "",
-        "Which shipped campaign catches each defect of the embedded engine, through which oracle, how often",
-        "over seeds and how soon after the load starts; and what the same campaigns say about the clean engine.",
-        "Written by `benchmarks/detection_matrix.py` (see `benchmarks/README.md`); do not edit by hand.",
+    digests = _digests(runs)
+    lines = ["# Detection matrix", ""]
+    if digests != [digest]:
+        shown = ", ".join(f"`{d}`" if d else "not recorded" for d in digests)
+        kind = "mixed" if len(digests) > 1 else "other" if digests[0] else "unknown"
+        lines += [f"> **Not the matrix: a diagnostic of {kind} sources.** These runs are of "
+                  f"source digest(s) {shown}; the current sources are `{digest}`. Records of other sources",
+                  "> prove nothing about these sources: re-run `benchmarks/detection_matrix.py` (see benchmarks/README.md).", ""]
+    lines += [
+        "Which defects of the embedded engine each column of campaigns catches, through which oracle, how often over",
+        "seeds and how soon after the provoking fault window starts; and what the same campaigns say about the clean",
+        "engine. Written by `benchmarks/detection_matrix.py` (see `benchmarks/README.md`); do not edit by hand.",
         "",
         f"- generated {now} by `{command}`",
+        (f"- source digest: `{digests[0]}`" if len(digests) == 1 and digests[0] else
+         "- source digest: not recorded" if len(digests) == 1 else
+         f"- source digest: mixed ({', '.join(str(d) if d else 'not recorded' for d in digests)})")
+        + (" (the current sources)" if digests == [digest] else f" (the current sources are `{digest}`)"),
+        f"- commits: {_provenance(runs)}",
+        f"- runs: {len(runs)} from {', '.join(f'`{s}`' for s in sources)}; seeds {_ranges(seeds)}",
+        f"- machine load during the runs: {_load_line(matrix['load'])}",
         f"- summarised on: {cpus} usable CPUs, Linux {platform.release()}, Python {platform.python_version()}",
-        f"- runs: {len(runs)} from {', '.join(f'`{s}`' for s in sources)}; seeds {', '.join(map(str, seeds)) or '–'}",
-        f"- sources: {_provenance(runs)}",
+        "- columns: " + "; ".join(f"`{c}` = {COLUMN_TITLES.get(c, f'campaign {c}')}" for c in matrix["columns"]),
         "- detected: the run ended FAIL and one of the defect's intended oracles failed (tests/test_defects.py's rule)",
-        "- first detection: the earliest failing finding of the catching oracle(s): its request's send time minus",
-        "  the load start (a page leak: the idle snapshot that showed it, mid-load or after the drain; no request:",
-        "  the verdict). Negative: before the",
-        "  load, in the baseline. Oracles list only their first findings per rule, so this is the earliest listed one.",
-        "",
-        "## Defects",
-        "",
-        "| defect | campaign | intended oracles | caught by (runs) | detection rate | median first detection | each run (s) | also failed |",
-        "|---|---|---|---|---:|---:|---|---|",
+        "- first detection: the earliest failing finding of the catching oracle(s): its request's send time (a page",
+        "  leak: the idle snapshot that showed it, mid-load or after the drain; no request: the verdict). Oracles list",
+        "  only their first findings per rule, so this is the earliest listed one.",
+        "- from window start: first detection minus the start of its provoking window, the last fault window (in",
+        "  journal order) started at or before it; a window starts at its first journaled event (its undo plan, before",
+        "  its provocation and inject). From load start: first detection minus the load start (negative: in the baseline).",
     ]
-    for key, d in matrix["defects"].items():
-        rate = f"{d['detected']}/{d['runs']}" + (f" ({100 * d['detected'] / d['runs']:.0f}%)" if d["runs"] else "")
-        lines.append(
-            f"| `{key}` | {', '.join(d['campaigns'])} | {', '.join(d['intended']) if d['intended'] else 'any'} | "
-            f"{_counts(d['caught_by'])} | {rate} | {_secs(d['median_first_s'])} | "
-            f"{', '.join(f'{x:g}' for x in d['first_s']) or '–'} | {_counts(d['other_failing'])} |"
-        )
-    lines += ["", "## Clean engine (false positives must be zero)", "",
-              "| campaign | runs | verdicts | false positives | failing oracles |", "|---|---:|---|---:|---|"]
-    for campaign, c in matrix["clean"].items():
-        fp = f"**{c['false_positives']}**" if c["false_positives"] else "0"
-        lines.append(f"| {campaign} | {c['runs']} | {_counts(c['verdicts'])} | {fp} | {_counts(c['failing_oracles'])} |")
-    if not matrix["clean"]:
-        lines.append("| (no clean runs) | 0 | – | – | – |")
-    total_fp = sum(c["false_positives"] for c in matrix["clean"].values())
+    columns = matrix["columns"]
+    keys = sorted({k for c in columns.values() for k in c["defects"]})
+    if keys and len(columns) > 1:
+        lines += ["", "## At a glance: detected (median from window start)", "",
+                  "| defect | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+        for key in keys:
+            cells = []
+            for c in columns.values():
+                d = c["defects"].get(key)
+                cells.append("not run" if d is None else f"{d['detected']}/{d['runs']} ({_secs(d['median_window_s'])})")
+            lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
+    total_fp = 0
+    for column, c in columns.items():
+        lines += ["", f"## `{column}`: {COLUMN_TITLES.get(column, f'campaign {column}')}", ""]
+        if c["defects"]:
+            lines += ["| defect | campaign | intended oracles | detected | median from window start | median from load start | "
+                      "provoking window (runs) | caught by (runs) | each run from window start (s) | also failed |",
+                      "|---|---|---|---:|---:|---:|---|---|---|---|"]
+            for key, d in c["defects"].items():
+                lines.append(
+                    f"| `{key}` | {', '.join(d['campaigns'])} | {', '.join(d['intended']) if d['intended'] else 'any'} | "
+                    f"{_rate(d)} | {_secs(d['median_window_s'])} | {_secs(d['median_first_s'])} | {_counts(d['windows'])} | "
+                    f"{_counts(d['caught_by'])} | {', '.join(f'{x:g}' for x in d['window_s']) or '–'} | {_counts(d['other_failing'])} |")
+        else:
+            lines.append("No defect runs in this column.")
+        lines += ["", "Clean engine (false positives must be zero):", "",
+                  "| campaign | runs | seeds | verdicts | false positives | failing oracles |", "|---|---:|---|---|---:|---|"]
+        for campaign, k in c["clean"].items():
+            fp = f"**{k['false_positives']}**" if k["false_positives"] else "0"
+            lines.append(f"| {campaign} | {k['runs']} | {_ranges(k['seeds'])} | {_counts(k['verdicts'])} | {fp} | "
+                         f"{_counts(k['failing_oracles'])} |")
+        if not c["clean"]:
+            lines.append("| (no clean runs) | 0 | – | – | – | – |")
+        total_fp += sum(k["false_positives"] for k in c["clean"].values())
     lines += ["", f"False positives on the clean engine: **{total_fp}**"
               + (" (must be zero: see the runs below)." if total_fp else ".")]
     lines += ["", "## Runs", "",
-              "| defect | campaign | seed | verdict | failing oracles | first detection (basis) | run time | run directory |",
-              "|---|---|---:|---|---|---|---:|---|"]
-    for r in sorted(runs, key=lambda r: (r.key == CLEAN, r.key, r.campaign, r.seed if r.seed is not None else -1)):
+              "| column | defect | campaign | seed | verdict | failing oracles | first detection from load start (basis, oracle) | "
+              "provoking window (from its start) | load 1 min (start → end) | run time | record |",
+              "|---|---|---|---:|---|---|---|---|---|---:|---|"]
+    order = {c: n for n, c in enumerate(columns)}
+    for r in sorted(runs, key=lambda r: (order.get(r.column, 99), r.key == CLEAN, r.key, r.campaign,
+                                         r.seed if r.seed is not None else -1)):
         first = r.first_detection() if r.key != CLEAN else None
         shown = f"{first.first_s:.1f} s ({first.basis}, {first.name})" if first and first.first_s is not None else "–"
+        window = (f"{first.window} ({_secs(first.window_s)})" if first and first.window else
+                  r.window_of(first) if first and first.first_s is not None else "–")
+        load = (f"{r.loadavg_start[0]:.2f} → {r.loadavg_end[0]:.2f}" if r.loadavg_start and r.loadavg_end else "–")
         problems = f" ⚠ {'; '.join(r.problems)}" if r.problems else ""
-        lines.append(f"| {r.key} | {r.campaign} | {r.seed if r.seed is not None else '?'} | {r.verdict or '–'}{problems} | "
-                     f"{', '.join(r.failing) or '–'} | {shown} | {_secs(r.wall_s)} | `{_relative(r.path)}` |")
+        lines.append(f"| {r.column} | {r.key} | {r.campaign} | {r.seed if r.seed is not None else '?'} | {r.verdict or '–'}{problems} | "
+                     f"{', '.join(r.failing) or '–'} | {shown} | {window} | {load} | {_secs(r.wall_s)} | `{_record_name(r)}` |")
     return "\n".join(lines) + "\n"
+
+
+def _ranges(seeds: Sequence[int]) -> str:
+    """1, 2, 3, 5 -> "1–3, 5"."""
+    if not seeds:
+        return "–"
+    parts, start, prev = [], seeds[0], seeds[0]
+    for s in list(seeds[1:]) + [None]:  # type: ignore[list-item]
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        parts.append(str(start) if start == prev else f"{start}–{prev}")
+        if s is not None:
+            start = prev = s
+    return ", ".join(parts)
+
+
+def _load_line(load: dict[str, Any]) -> str:
+    if not load["readings"]:
+        return "not recorded"
+    cpus = ", ".join(map(str, load["cpus"])) or "?"
+    missing = f"; {load['runs_without']} run(s) without readings" if load["runs_without"] else ""
+    return (f"1-minute load average at each run's start and end: median {load['median']:.2f}, max {load['max']:.2f} "
+            f"({load['readings']} readings, on {cpus} usable CPUs{missing})")
 
 
 def _provenance(runs: list[RunSummary]) -> str:
@@ -403,25 +648,54 @@ def _relative(path: str) -> str:
 
 @dataclass(frozen=True)
 class Planned:
+    column: str
     key: str  # defect name or "clean-<campaign>"
-    campaign: str
+    campaign: str  # the campaign's file stem
+    path: Path  # the campaign file
     defect: str | None
     seed: int
 
     def run_dir(self, out: Path) -> Path:
-        return out / self.key / f"seed-{self.seed}"
+        return out / self.column / self.key / f"seed-{self.seed}"
 
 
-def plan(defects: list[str], seeds: list[int], clean: bool, clean_campaigns: list[str] | None) -> list[Planned]:
+def column_campaigns(column: str, defects: list[str], clean_campaigns: list[str] | None) -> tuple[dict[str, Path], list[str]]:
+    """(defect -> campaign file, the campaign stems run clean) of one column."""
+    if column == "default":
+        return {d: DEFAULT_CAMPAIGN for d in defects}, [DEFAULT_CAMPAIGN.stem]
+    if column == "twin":
+        return {d: TWIN_CAMPAIGN for d in defects}, [TWIN_CAMPAIGN.stem]
+    mine = {d: CAMPAIGNS / f"{EXPECTED[d][0]}.yaml" for d in defects}
+    return mine, clean_campaigns if clean_campaigns is not None else sorted({p.stem for p in mine.values()})
+
+
+def plan(defects: list[str], seeds: list[int], clean_seeds: dict[str, list[int]], columns: Sequence[str] = ("defects",),
+         clean_campaigns: list[str] | None = None) -> list[Planned]:
+    """Seed-major (a partial matrix still covers every defect and column), one column after the
+    other within a seed; the clean runs of a seed beside its defect runs, the extra clean seeds of
+    a column (default: 20 for `default`) after the last defect seed."""
     runs = []
-    campaigns = clean_campaigns if clean_campaigns is not None else sorted({EXPECTED[d][0] for d in defects})
-    for seed in seeds:  # seed-major: a partial matrix still covers every defect
-        for defect in defects:
-            runs.append(Planned(defect, EXPECTED[defect][0], defect, seed))
-        if clean:
-            for campaign in campaigns:
-                runs.append(Planned(f"clean-{campaign}", campaign, None, seed))
+    per_column = {c: column_campaigns(c, defects, clean_campaigns) for c in columns}
+    for n in range(max([len(seeds)] + [len(v) for v in clean_seeds.values()])):
+        for column in columns:
+            by_defect, clean = per_column[column]
+            if n < len(seeds):
+                for defect in defects:
+                    path = by_defect[defect]
+                    runs.append(Planned(column, defect, path.stem, path, defect, seeds[n]))
+            if n < len(clean_seeds.get(column, [])):
+                for campaign in clean:
+                    path = DEFAULT_CAMPAIGN if column == "default" else TWIN_CAMPAIGN if column == "twin" else CAMPAIGNS / f"{campaign}.yaml"
+                    runs.append(Planned(column, f"clean-{campaign}", campaign, path, None, clean_seeds[column][n]))
     return runs
+
+
+def _sidecar(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(run_dir.with_name(run_dir.name + ".result.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _complete(run_dir: Path) -> bool:
@@ -434,26 +708,29 @@ def _complete(run_dir: Path) -> bool:
         return False
 
 
-def execute(item: Planned, out: Path, timeout_s: float) -> int | None:
-    """One `pdchaos run`; its output goes next to the run directory, with a small sidecar."""
+def execute(item: Planned, out: Path, timeout_s: float, digest: str | None = None, commit: str | None = None) -> int | None:
+    """One `pdchaos run`; its output goes next to the run directory, with a small sidecar that
+    carries the exit code, the wall time, the machine's load and the sources' digest before and
+    after the run."""
+    digest = source_digest() if digest is None else digest
     run_dir = item.run_dir(out)
-    if _complete(run_dir):
-        print(f"[matrix] {item.key} seed {item.seed}: already complete, reused", flush=True)
+    if _complete(run_dir) and _sidecar(run_dir).get("source_digest") == digest == _sidecar(run_dir).get("source_digest_after"):
+        print(f"[matrix] {item.key} seed {item.seed} ({item.column}): already complete, reused", flush=True)
         return None
-    if run_dir.exists():  # an interrupted run: keep it for the record, start afresh
-        stale = run_dir.with_name(f"{run_dir.name}.incomplete-{int(time.time())}")
+    if run_dir.exists():  # an interrupted run, or one of other sources: keep it for the record, start afresh
+        stale = run_dir.with_name(f"{run_dir.name}.{'other-sources' if _complete(run_dir) else 'incomplete'}-{int(time.time())}")
         run_dir.rename(stale)
-        print(f"[matrix] {item.key} seed {item.seed}: incomplete run moved to {stale}", flush=True)
+        print(f"[matrix] {item.key} seed {item.seed}: earlier run moved to {stale}", flush=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "chaos.cli", "run", str(CAMPAIGNS / f"{item.campaign}.yaml"), "--out", str(run_dir),
-            "--quiet", "--seed", str(item.seed)]
+    argv = [sys.executable, "-m", "chaos.cli", "run", str(item.path), "--out", str(run_dir), "--quiet", "--seed", str(item.seed)]
     if item.defect:
         argv += ["--defect", item.defect]
     env = dict(os.environ)
     for key, value in (("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"), ("RAY_AUTH_MODE", "disabled"),
                        ("HF_ENDPOINT", "http://127.0.0.1:9")):
         env.setdefault(key, value)  # as the Makefile sets them
-    print(f"[matrix] {item.key} seed {item.seed}: {' '.join(argv[2:])}", flush=True)
+    print(f"[matrix] {item.key} seed {item.seed} ({item.column}): {' '.join(argv[2:])}", flush=True)
+    loadavg_start = [round(x, 2) for x in os.getloadavg()]
     started = time.monotonic()
     log = run_dir.with_name(run_dir.name + ".log")
     with open(log, "w") as fh:
@@ -472,10 +749,20 @@ def execute(item: Planned, out: Path, timeout_s: float) -> int | None:
             proc.wait(timeout=120)
             raise
     wall = time.monotonic() - started
+    loadavg_end = [round(x, 2) for x in os.getloadavg()]
+    after = source_digest()
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 0
     run_dir.with_name(run_dir.name + ".result.json").write_text(json.dumps(
-        {"argv": argv[1:], "rc": rc, "wall_s": round(wall, 1), "log": log.name}))
+        {"argv": argv[1:], "rc": rc, "wall_s": round(wall, 1), "log": log.name, "loadavg_start": loadavg_start,
+         "loadavg_end": loadavg_end, "cpus": cpus, "source_digest": digest, "source_digest_after": after, "commit": commit}))
     meaning = {0: "PASS", 1: "FAIL", 3: "INCONCLUSIVE"}.get(rc, f"error, see {log}")
-    print(f"[matrix] {item.key} seed {item.seed}: exit {rc} ({meaning}) in {wall:.0f} s", flush=True)
+    print(f"[matrix] {item.key} seed {item.seed} ({item.column}): exit {rc} ({meaning}) in {wall:.0f} s, "
+          f"load {loadavg_start[0]:.2f} -> {loadavg_end[0]:.2f}", flush=True)
+    if after != digest:
+        print(f"[matrix] the sources changed during this run ({digest} -> {after}): it is not recorded", file=sys.stderr, flush=True)
     return rc
 
 
@@ -483,14 +770,21 @@ def execute(item: Planned, out: Path, timeout_s: float) -> int | None:
 
 def _synthetic_run(run_dir: Path, *, name: str, defects: list[str], seed: int, verdict: str,
                    oracles: dict[str, list[dict[str, Any]]], requests: dict[str, float], start: float,
-                   drain_at: float | None = None) -> None:
-    """A journal shaped like a finished `pdchaos run` (only what the matrix reads)."""
+                   drain_at: float | None = None, windows: Sequence[tuple[str, float, float, float]] = (),
+                   sidecar: dict[str, Any] | None = None) -> None:
+    """A journal shaped like a finished `pdchaos run` (only what the matrix reads). `windows`:
+    (fault, plan t, inject t, heal t), journaled in that order."""
     from chaos.journal import JournalEvent, RequestRecord
 
     with Journal.create(run_dir) as journal:
         journal.set_meta("campaign", {"name": name, "seed": seed, "target": {"kind": "sim", "sim": {"defects": defects}}})
         journal.set_meta("seed", seed)
         journal.set_meta("load_started_at", start)
+        for n, (fault, planned, injected, healed) in enumerate(windows):
+            wid = f"w{n + 1}"
+            for step, t in (("plan", planned), ("inject", injected), ("confirm", injected + 0.5), ("heal", healed),
+                            ("audit", healed + 0.1)):
+                journal.append_event(JournalEvent("fault", fault, {"window": wid, "step": step}, t=t))
         for n, (request_id, t_send) in enumerate(requests.items()):
             journal.append_request(RequestRecord(id=request_id, request_index=10_000 + n, t_send=t_send, t_end=t_send + 0.5))
         if drain_at is not None:
@@ -503,57 +797,153 @@ def _synthetic_run(run_dir: Path, *, name: str, defects: list[str], seed: int, v
             journal.append_event(JournalEvent("verdict", "oracle", result, t=start + 100))
         journal.append_event(JournalEvent("verdict", "run", {"verdict": verdict, "exit_code": {"PASS": 0, "FAIL": 1}.get(verdict, 3)},
                                           t=start + 101))
+    if sidecar is not None:
+        run_dir.with_name(run_dir.name + ".result.json").write_text(json.dumps(sidecar))
 
 
 def self_test() -> int:
-    """Synthetic runs through --from-runs: leaks, page leaks (after the drain, mid-load), clean runs."""
+    """Synthetic runs through --from-runs: three columns, leaks timed from their provoking window,
+    page leaks (after the drain, mid-load), clean runs, the machine's load, stale records."""
+    files = campaign_files()
+    names = {f.column if f.column != "defects" else f.stem: name for name, f in files.items()}
     with tempfile.TemporaryDirectory(prefix="detection-matrix-") as tmp:
         root = Path(tmp)
         t0 = 1_800_000_000.0
-        _synthetic_run(root / "a" / "seed-1", name="defects-handoff", defects=["metadata_slot_collision"], seed=1,
+        handoff_windows = [("kv_transfer", t0 + 1.0, t0 + 1.2, t0 + 3.0), ("router_link", t0 + 5.0, t0 + 5.5, t0 + 7.0)]
+        side = {"wall_s": 40.0, "loadavg_start": [1.0, 1.0, 1.0], "loadavg_end": [3.0, 2.0, 1.0], "cpus": 2,
+                "source_digest": "d2", "source_digest_after": "d2", "commit": "abc123"}
+        # the `defects` column (campaigns/defects/)
+        _synthetic_run(root / "a" / "seed-1", name=names["handoff"], defects=["metadata_slot_collision"], seed=1,
                        verdict="FAIL", start=t0, requests={"r1": t0 + 9.0, "r2": t0 + 4.0, "r3": t0 + 2.0},
                        oracles={"canary": [{"request_id": "r1"}, {"request_id": "r2"}], "reference": [],
-                                "status": [{"request_id": "r3"}]})
-        _synthetic_run(root / "a" / "seed-2", name="defects-handoff", defects=["metadata_slot_collision"], seed=2,
+                                "status": [{"request_id": "r3"}]}, windows=handoff_windows, sidecar=side)
+        _synthetic_run(root / "a" / "seed-2", name=names["handoff"], defects=["metadata_slot_collision"], seed=2,
                        verdict="FAIL", start=t0, requests={"r1": t0 + 6.0},
-                       oracles={"canary": [], "reference": [{"request_id": "r1"}]})
-        _synthetic_run(root / "b" / "x", name="defects-aborts", defects=["pages_leak_on_abort"], seed=1,
+                       oracles={"canary": [], "reference": [{"request_id": "r1"}]}, windows=handoff_windows,
+                       sidecar={**side, "loadavg_start": [9.0, 1.0, 1.0], "loadavg_end": [5.0, 1.0, 1.0]})
+        _synthetic_run(root / "b" / "x", name=names["aborts"], defects=["pages_leak_on_abort"], seed=1,
                        verdict="FAIL", start=t0, requests={}, drain_at=t0 + 45.0,
                        oracles={"liveness": [{"evidence": {"role": "prefill"}}], "canary": []})
-        _synthetic_run(root / "b" / "y", name="defects-aborts", defects=["pages_leak_on_abort"], seed=2,
+        _synthetic_run(root / "b" / "y", name=names["aborts"], defects=["pages_leak_on_abort"], seed=2,
                        verdict="FAIL", start=t0, requests={}, drain_at=t0 + 45.0,
                        oracles={"liveness": [{"evidence": {"role": "decode", "t_snapshot": t0 + 12.5}}]})
-        _synthetic_run(root / "c", name="defects-handoff", defects=[], seed=1, verdict="PASS", start=t0,
+        _synthetic_run(root / "c", name=names["handoff"], defects=[], seed=1, verdict="PASS", start=t0,
                        requests={}, oracles={"canary": [], "reference": []})
-        _synthetic_run(root / "d", name="defects-cache", defects=[], seed=1, verdict="FAIL", start=t0,
+        _synthetic_run(root / "d", name=names["cache"], defects=[], seed=1, verdict="FAIL", start=t0,
                        requests={"q": t0 + 1.0}, oracles={"reference": [{"request_id": "q"}]})
+        # the `default` column: two windows started before the finding; the last one provoked it
+        default_windows = [("kv_transfer", t0 + 2.0, t0 + 2.4, t0 + 7.0), ("client_abort", t0 + 14.0, t0 + 14.5, t0 + 18.0),
+                           ("transfer_stall", t0 + 38.0, t0 + 38.2, t0 + 42.0)]
+        _synthetic_run(root / "e" / "1", name=names["default"], defects=["free_before_transfer_done"], seed=1, verdict="FAIL",
+                       start=t0, requests={"u": t0 + 15.5, "v": t0 + 40.0},
+                       oracles={"reference": [{"request_id": "v"}], "canary": [{"request_id": "u"}]}, windows=default_windows)
+        _synthetic_run(root / "e" / "2", name=names["default"], defects=["free_before_transfer_done"], seed=2, verdict="FAIL",
+                       start=t0, requests={"u": t0 + 14.0}, oracles={"canary": [{"request_id": "u"}]}, windows=default_windows)
+        _synthetic_run(root / "e" / "3", name=names["default"], defects=["rejected_prefill_handoff"], seed=1, verdict="FAIL",
+                       start=t0, requests={"b": t0 - 3.0}, oracles={"status": [{"request_id": "b"}]}, windows=default_windows)
+        _synthetic_run(root / "e" / "clean", name=names["default"], defects=[], seed=1, verdict="FAIL", start=t0,
+                       requests={"w": t0 + 20.0}, oracles={"liveness": [{"request_id": "w"}]}, windows=default_windows)
+        # the `twin` column: a defect it misses, a clean run INCONCLUSIVE (no false positive)
+        _synthetic_run(root / "f" / "1", name=names["twin"], defects=["pages_leak_on_abort"], seed=1, verdict="PASS",
+                       start=t0, requests={}, oracles={"liveness": []}, windows=default_windows)
+        _synthetic_run(root / "f" / "clean", name=names["twin"], defects=[], seed=1, verdict="INCONCLUSIVE", start=t0,
+                       requests={}, oracles={"canary": []}, windows=default_windows)
+        # a run during which the sources changed: of no digest
+        _synthetic_run(root / "g", name=names["handoff"], defects=[], seed=2, verdict="PASS", start=t0, requests={},
+                       oracles={"canary": []}, sidecar={**side, "source_digest_after": "d3"})
         runs = [summarize_run(p) for p in find_runs([root])]
         matrix = aggregate(runs)
-        d = matrix["defects"]
+        cols = matrix["columns"]
+        d, dd = cols["defects"]["defects"], cols["default"]["defects"]
         checks = {
-            "six runs found": len(runs) == 6,
+            "thirteen runs found": len(runs) == 13,
+            "three columns, in order": list(cols) == ["default", "twin", "defects"],
             "leak: 2/2 detected": d["metadata_slot_collision"]["detected"] == 2,
             "leak: earliest intended finding (4 s, not status's 2 s)": d["metadata_slot_collision"]["first_s"] == [4.0, 6.0],
-            "leak: median 5 s": d["metadata_slot_collision"]["median_first_s"] == 5.0,
+            "leak: median 5 s from load start": d["metadata_slot_collision"]["median_first_s"] == 5.0,
+            "leak: from the start (first event) of the window started last before it: 3 s and 1 s":
+                d["metadata_slot_collision"]["window_s"] == [3.0, 1.0] and d["metadata_slot_collision"]["median_window_s"] == 2.0,
+            "leak: provoking windows named": d["metadata_slot_collision"]["windows"] == {"kv_transfer#w1": 1, "router_link#w2": 1},
             "leak: caught by canary 1, reference 1": d["metadata_slot_collision"]["caught_by"] == {"canary": 1, "reference": 1},
             "leak: status counted as also failed": d["metadata_slot_collision"]["other_failing"] == {"status": 1},
             "campaign stem from the YAML name": d["metadata_slot_collision"]["campaigns"] == ["handoff"],
             "page leak: timed at the drain snapshot, or at the idle snapshot mid-load":
                 sorted(d["pages_leak_on_abort"]["first_s"]) == [12.5, 45.0]
                 and d["pages_leak_on_abort"]["bases"] == {"drain snapshot": 1, "idle snapshot": 1},
-            "clean handoff: no false positive": matrix["clean"]["handoff"]["false_positives"] == 0,
-            "clean cache: one false positive": matrix["clean"]["cache"]["false_positives"] == 1,
+            "page leak: no window in its journal, no window time":
+                d["pages_leak_on_abort"]["window_s"] == [] and d["pages_leak_on_abort"]["windows"] == {"(no fault window in the run)": 2},
+            "default: the last window started before the finding (client_abort, not kv_transfer)":
+                dd["free_before_transfer_done"]["windows"] == {"client_abort#w2": 2},
+            "default: 1.5 s and 0 s from the window's start (a finding at the start counts), 15.5 and 14 from the load's":
+                dd["free_before_transfer_done"]["window_s"] == [1.5, 0.0] and dd["free_before_transfer_done"]["first_s"] == [15.5, 14.0],
+            "default: a detection in the baseline has no provoking window":
+                dd["rejected_prefill_handoff"]["windows"] == {"(before every window)": 1}
+                and dd["rejected_prefill_handoff"]["median_window_s"] is None
+                and dd["rejected_prefill_handoff"]["median_first_s"] == -3.0,
+            "default: every window of the run, from its first event":
+                [[w["start_s"] for w in r.windows] for r in runs if r.path.endswith("e/1")] == [[2.0, 14.0, 38.0]],
+            "default: the clean run's FAIL is a false positive of its column": cols["default"]["clean"]["default"]["false_positives"] == 1,
+            "twin: a miss is 0/1": cols["twin"]["defects"]["pages_leak_on_abort"]["detected"] == 0,
+            "twin: INCONCLUSIVE is no false positive": cols["twin"]["clean"]["sglang-launch-sim"]["false_positives"] == 0,
+            "clean handoff: no false positive": cols["defects"]["clean"]["handoff"]["false_positives"] == 0,
+            "clean cache: one false positive": cols["defects"]["clean"]["cache"]["false_positives"] == 1,
+            "load: median and max of the 1-minute readings at start and end":
+                matrix["load"]["median"] == 3.0 and matrix["load"]["max"] == 9.0 and matrix["load"]["readings"] == 6,
+            "sidecar: digest and commit of an unchanged run": runs[0].source_digest == "d2" and runs[0].commit == "abc123",
+            "sidecar: a run during which the sources changed has no digest":
+                [r.source_digest for r in runs if r.path.endswith("/g")] == [None],
         }
-        text = markdown(runs, matrix, command="self-test", sources=[tmp])
-        checks["doc flags the false positive"] = "False positives on the clean engine: **1**" in text
+        text = markdown(runs, matrix, command="self-test", sources=[tmp], digest="d2")
+        checks["doc: one table per column"] = all(f"## `{c}`: " in text for c in COLUMNS) and "## At a glance" in text
+        checks["doc: flags the false positives"] = "False positives on the clean engine: **2**" in text
+        checks["doc: mixed sources are headed as a diagnostic"] = (
+            "**Not the matrix: a diagnostic of mixed sources.**" in text and "- source digest: mixed" in text)
+        checks["doc: the load line"] = "median 3.00, max 9.00 (6 readings, on 2 usable CPUs; 10 run(s) without readings)" in text
         for run in runs:
             run.commit, run.source_digest = "abc123", "d1"
             write_record(root / "records", run)
         recorded = [run for _, run in read_records([root / "records"])]
-        checks["records: one per run, and the same matrix read back"] = (
+        checks["records: one per (campaign, defect or clean, seed), and the same matrix read back"] = (
             len(recorded) == len(runs) and aggregate(recorded) == matrix)
-        checks["records: the doc names their sources"] = "digest d1 (commits abc123)" in markdown(
-            recorded, matrix, command="self-test", sources=[tmp])
+        old_record = json.loads(record_path(root / "records", "metadata_slot_collision", "handoff", 1).read_text())
+        old_record.pop("windows")
+        for outcome in old_record["oracles"].values():
+            outcome.pop("window"), outcome.pop("window_s")
+        older = RunSummary(**{**old_record, "oracles": {n: OracleOutcome(**o) for n, o in old_record["oracles"].items()}})
+        checks["records: one made before window timing says its windows are not recorded"] = (
+            _column_defects([older])["metadata_slot_collision"]["windows"] == {"(windows not recorded)": 1})
+        kept, left = select(recorded, "d2")
+        checks["records: stale ones are never selected"] = not kept and len(left) == len(recorded)
+        checks["records: --records-digest and --any-source select them"] = (
+            len(select(recorded, "d2", records_digest="d1")[0]) == len(recorded) == len(select(recorded, "d2", any_source=True)[0]))
+        stale = markdown(recorded, matrix, command="self-test", sources=[tmp], digest="d2")
+        checks["records: a doc of stale records says so, and names its digest"] = (
+            "**Not the matrix: a diagnostic of other sources.**" in stale
+            and [m.group(1) for line in stale.splitlines() if (m := DIGEST_LINE.match(line))] == ["d1"]
+            and "digest d1 (commits abc123)" in stale)
+        current = markdown(recorded, matrix, command="self-test", sources=[tmp], digest="d1")
+        checks["records: a doc of the current sources has no banner"] = (
+            "Not the matrix" not in current and "- source digest: `d1` (the current sources)" in current)
+        planned = plan(["metadata_slot_collision", "pages_leak_on_abort"], [1, 2],
+                       {"default": list(range(1, 21)), "twin": [1, 2, 3], "defects": [1, 2, 3]}, COLUMNS)
+        by_column = Counter((p.column, p.defect is None) for p in planned)
+        checks["plan: 2 defects x 2 seeds per column; clean 20 default, 3 twin, 3 per defect campaign"] = by_column == {
+            ("default", False): 4, ("twin", False): 4, ("defects", False): 4,
+            ("default", True): 20, ("twin", True): 3, ("defects", True): 6}
+        checks["plan: each column's campaign file"] = (
+            {p.path for p in planned if p.column == "default"} == {DEFAULT_CAMPAIGN}
+            and {p.path for p in planned if p.column == "twin"} == {TWIN_CAMPAIGN}
+            and {p.path.name for p in planned if p.column == "defects"} == {"handoff.yaml", "aborts.yaml"})
+        checks["plan: seed-major, the extra clean seeds last"] = (
+            [p.seed for p in planned[:9]] == [1] * 9 and {p.column for p in planned[-17:]} == {"default"})
+        checks["plan: run directories and records are one per key"] = (
+            len({p.run_dir(root) for p in planned}) == len(planned)
+            and len({record_path(root, p.defect or CLEAN, p.campaign, p.seed) for p in planned}) == len(planned))
+        covered = {p.relative_to(REPO).as_posix() for p in source_files()}
+        checks["digest: covers the campaigns of every column, not the other engines' targets"] = (
+            {"campaigns/default.yaml", "benchmarks/campaigns/sglang-launch-sim.yaml", "campaigns/defects/handoff.yaml",
+             "faults/window.py", "chaos/runner.py", "loadprofiles/users.py"} <= covered
+            and not any(p.startswith(SOURCE_EXCLUDED) for p in covered) and "campaigns/sglang-launch.yaml" not in covered)
         for what, ok in checks.items():
             print(f"{'ok  ' if ok else 'FAIL'} {what}")
         if not all(checks.values()):
@@ -567,14 +957,18 @@ def self_test() -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=3, help="seeds per defect and per clean campaign (default 3)")
+    p.add_argument("--campaigns", default=",".join(COLUMNS),
+                   help="columns to run, comma-separated: default, twin, defects (default: all three)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per defect in each column (default 3)")
+    p.add_argument("--clean-seeds", type=int, default=None,
+                   help="clean-engine seeds per campaign (default: 20 for default, 3 for twin and each per-defect campaign)")
     p.add_argument("--first-seed", type=int, default=1, help="seeds are FIRST .. FIRST+SEEDS-1 (default 1)")
     p.add_argument("--defects", default=",".join(EXPECTED), help="comma-separated; default every defect")
     p.add_argument("--no-clean", action="store_true", help="skip the clean-engine runs")
     p.add_argument("--clean-campaigns", default=None,
-                   help="campaigns (stems in campaigns/defects/) to run clean; default those of the chosen defects")
+                   help="the defects column: campaigns (stems in campaigns/defects/) to run clean; default those of the chosen defects")
     p.add_argument("--out-dir", type=Path, default=None,
-                   help="where the runs go (default runs/detection-matrix-<time>); complete runs in it are reused")
+                   help="where the runs go (default runs/detection-matrix-<time>); complete runs of these sources in it are reused")
     p.add_argument("--doc", type=Path, default=DEFAULT_DOC, help="the Markdown to write (default docs/detection-matrix.md)")
     p.add_argument("--json", type=Path, default=None, help="also write the summary as JSON")
     p.add_argument("--from-runs", type=Path, action="append", default=None, metavar="DIR",
@@ -583,11 +977,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="where each finished run's summary is recorded, and reused from (default %(default)s)")
     p.add_argument("--no-records", dest="records", action="store_const", const=None, help="record nothing, reuse nothing")
     p.add_argument("--from-records", type=Path, action="append", default=None, metavar="DIR",
-                   help="run nothing: summarise the run records under DIR (repeatable)")
+                   help="run nothing: summarise the run records of the current sources under DIR (repeatable)")
     p.add_argument("--any-source", action="store_true",
-                   help="with --from-records: also records made from other sources than these")
+                   help="diagnostic: also runs and records of other sources; the doc is headed as mixed-source")
+    p.add_argument("--records-digest", default=None, metavar="DIGEST",
+                   help="diagnostic: the runs and records of this digest instead of the current sources'; "
+                        "the doc is headed as such when it is not the current one")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run before it is interrupted")
     p.add_argument("--dry-run", action="store_true", help="print the runs it would make and stop")
+    p.add_argument("--digest", action="store_true", help="print the current sources' digest and stop")
     p.add_argument("--self-test", action="store_true", help="check the summary on synthetic journals; runs nothing")
     return p.parse_args(argv)
 
@@ -596,63 +994,89 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.self_test:
         return self_test()
+    if args.digest:
+        print(source_digest())
+        return 0
     command = "benchmarks/detection_matrix.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    digest = source_digest()
     stems = campaign_stems()
-    runs: list[RunSummary] = []
+    found: list[RunSummary] = []
     if args.from_records:
         sources = [str(p) for p in args.from_records]
-        found = read_records(args.from_records)
-        others = [path for path, run in found if run.source_digest != digest]
-        if others and not args.any_source:
-            print(f"[matrix] {len(others)} record(s) of other sources left out (--any-source keeps them)", file=sys.stderr)
-        runs = [run for _, run in found if args.any_source or run.source_digest == digest]
+        found = [run for _, run in read_records(args.from_records)]
     elif args.from_runs:
         sources = [str(p) for p in args.from_runs]
-        runs = summarize_dirs(find_runs(args.from_runs), stems)
+        found = summarize_dirs(find_runs(args.from_runs), stems)
     else:
-        defects = [d.strip() for d in args.defects.split(",") if d.strip()]
-        unknown = [d for d in defects if d not in EXPECTED]
-        if unknown:
-            print(f"unknown defect(s) {', '.join(unknown)}; known: {', '.join(EXPECTED)}", file=sys.stderr)
-            return 2
-        clean_campaigns = [c.strip() for c in args.clean_campaigns.split(",")] if args.clean_campaigns else None
-        for campaign in clean_campaigns or []:
-            if not (CAMPAIGNS / f"{campaign}.yaml").is_file():
-                print(f"--clean-campaigns: no campaigns/defects/{campaign}.yaml", file=sys.stderr)
-                return 2
-        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-        out = args.out_dir or REPO / "runs" / f"detection-matrix-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%MZ')}"
-        planned = plan(defects, seeds, not args.no_clean, clean_campaigns)
-        print(f"[matrix] {len(planned)} runs into {out} (about a minute each); sources {digest}", flush=True)
-        if args.dry_run:
-            for item in planned:
-                print(f"  {item.key} seed {item.seed}: campaigns/defects/{item.campaign}.yaml -> {item.run_dir(out)}")
-            return 0
-        out.mkdir(parents=True, exist_ok=True)
-        commit = current_commit()
-        sources = [str(out)] + ([str(args.records)] if args.records else [])
-        try:
-            for item in planned:
-                run = matrix_run(item, out, args, stems, digest, commit)
-                if run is not None:
-                    runs.append(run)
-        except KeyboardInterrupt:
-            print("[matrix] interrupted: summarising the runs made so far", flush=True)
+        outcome = run_matrix(args, stems)
+        if isinstance(outcome, int):
+            return outcome
+        found, sources = outcome
+    digest = source_digest()  # now: the sources may have changed while the matrix ran
+    runs, left = select(found, digest, any_source=args.any_source, records_digest=args.records_digest)
+    if left:
+        wanted = args.records_digest or digest
+        print(f"[matrix] {len(left)} run(s) or record(s) not of digest {wanted} left out (digests "
+              f"{', '.join(str(d) for d in _digests(left))}; a stale record is never summarised into the matrix)", file=sys.stderr)
     if not runs:
-        print("no runs found (no journal.sqlite under the run directories, no records)", file=sys.stderr)
+        print(f"no runs or records of digest {args.records_digest or digest} (of {len(found)} found)", file=sys.stderr)
         return 1
     matrix = aggregate(runs)
-    text = markdown(runs, matrix, command=command, sources=[_relative(s) for s in sources])
+    text = markdown(runs, matrix, command=command, sources=[_relative(s) for s in sources], digest=digest)
     args.doc.parent.mkdir(parents=True, exist_ok=True)
     args.doc.write_text(text)
     if args.json:
         args.json.write_text(json.dumps({"matrix": matrix, "runs": [asdict(r) for r in runs]}, indent=2))
     print(text)
-    print(f"[matrix] wrote {args.doc}", flush=True)
-    false_positives = sum(c["false_positives"] for c in matrix["clean"].values())
-    missed = sum(d["runs"] - d["detected"] for d in matrix["defects"].values())
+    print(f"[matrix] wrote {args.doc}" + ("" if _digests(runs) == [digest] else " (a diagnostic: not of the current sources)"),
+          flush=True)
+    false_positives = sum(c["false_positives"] for col in matrix["columns"].values() for c in col["clean"].values())
+    missed = sum(d["runs"] - d["detected"] for d in matrix["columns"].get("defects", {}).get("defects", {}).values())
     return 1 if false_positives or missed else 0
+
+
+def run_matrix(args: argparse.Namespace, stems: dict[str, str]) -> tuple[list[RunSummary], list[str]] | int:
+    """Make (or reuse) the planned runs. Returns what to summarise: with records, every record of
+    the --records directory (the matrix accumulates there); without, the runs made now."""
+    columns = [c.strip() for c in args.campaigns.split(",") if c.strip()]
+    if not columns or any(c not in COLUMNS for c in columns):
+        print(f"--campaigns: {args.campaigns!r}; columns are {', '.join(COLUMNS)}", file=sys.stderr)
+        return 2
+    columns = column_order(columns)
+    defects = [d.strip() for d in args.defects.split(",") if d.strip()]
+    unknown = [d for d in defects if d not in EXPECTED]
+    if unknown:
+        print(f"unknown defect(s) {', '.join(unknown)}; known: {', '.join(EXPECTED)}", file=sys.stderr)
+        return 2
+    clean_campaigns = [c.strip() for c in args.clean_campaigns.split(",")] if args.clean_campaigns else None
+    for campaign in clean_campaigns or []:
+        if not (CAMPAIGNS / f"{campaign}.yaml").is_file():
+            print(f"--clean-campaigns: no campaigns/defects/{campaign}.yaml", file=sys.stderr)
+            return 2
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    clean_seeds = {} if args.no_clean else {
+        c: list(range(args.first_seed, args.first_seed + (args.clean_seeds if args.clean_seeds is not None else CLEAN_SEEDS[c])))
+        for c in columns}
+    out = args.out_dir or REPO / "runs" / f"detection-matrix-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%MZ')}"
+    planned = plan(defects, seeds, clean_seeds, columns, clean_campaigns)
+    digest = source_digest()
+    print(f"[matrix] {len(planned)} runs into {out}; columns {', '.join(columns)}; sources {digest}", flush=True)
+    if args.dry_run:
+        for item in planned:
+            print(f"  {item.column:8} {item.key} seed {item.seed}: {_relative(str(item.path))} -> {item.run_dir(out)}")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    commit = current_commit()
+    runs: list[RunSummary] = []
+    try:
+        for item in planned:
+            run = matrix_run(item, out, args, stems, commit)
+            if run is not None:
+                runs.append(run)
+    except KeyboardInterrupt:
+        print("[matrix] interrupted: summarising the runs made so far", flush=True)
+    if args.records:
+        return [run for _, run in read_records([args.records])], [str(args.records)]
+    return runs, [str(out)]
 
 
 def summarize_dirs(run_dirs: list[Path], stems: dict[str, str]) -> list[RunSummary]:
@@ -665,10 +1089,10 @@ def summarize_dirs(run_dirs: list[Path], stems: dict[str, str]) -> list[RunSumma
     return runs
 
 
-def matrix_run(item: Planned, out: Path, args: argparse.Namespace, stems: dict[str, str], digest: str,
-               commit: str | None) -> RunSummary | None:
-    """One planned run: its record when one of these sources exists, else the run (made or reused)
-    summarised and recorded."""
+def matrix_run(item: Planned, out: Path, args: argparse.Namespace, stems: dict[str, str], commit: str | None) -> RunSummary | None:
+    """One planned run: its record when one of the current sources exists, else the run (made or
+    reused) summarised, and recorded when the sources did not change while it ran."""
+    digest = source_digest()  # per run: other people's edits change it while a long matrix runs
     if args.records:
         existing = record_path(args.records, item.defect or CLEAN, item.campaign, item.seed)
         if existing.is_file():
@@ -677,17 +1101,17 @@ def matrix_run(item: Planned, out: Path, args: argparse.Namespace, stems: dict[s
             except (ValueError, TypeError, OSError):
                 recorded = None
             if recorded is not None and recorded.source_digest == digest:
-                print(f"[matrix] {item.key} seed {item.seed}: recorded for these sources, reused ({_relative(str(existing))})", flush=True)
+                print(f"[matrix] {item.key} seed {item.seed} ({item.column}): recorded for these sources, reused "
+                      f"({_relative(str(existing))})", flush=True)
                 return recorded
-    execute(item, out, args.timeout)
+    execute(item, out, args.timeout, digest, commit)
     run_dir = item.run_dir(out)
     if not (run_dir / JOURNAL_FILENAME).is_file():
         return None
     [run] = summarize_dirs([run_dir], stems) or [None]
     if run is None:
         return None
-    run.commit, run.source_digest = commit, digest
-    if args.records and run.verdict is not None:
+    if args.records and run.verdict is not None and run.source_digest is not None:
         write_record(args.records, run)
     return run
 

@@ -520,7 +520,7 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 LOG_MARKERS = (" WARN ", " ERROR ", "Traceback", "[http_server] Error", "failed", "Failed", "Abort", "disconnected")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# Expected at every router start (components.md §3): the tokenizer lookup goes to a dead loopback
+# Expected at every router start (docs/performance.md): the tokenizer lookup goes to a dead loopback
 # HF_ENDPOINT, and /readiness is 503 until both workers are registered.
 BENIGN = ("Failed to load tokenizer", "uri=/readiness")
 

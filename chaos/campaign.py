@@ -138,10 +138,15 @@ class LoadSpec(Strict):
 class ProbeSpec(Strict):
     count: int = Field(12, ge=1, le=1000, description="reference probes recorded alone, then replayed under faults")
     interval: Duration = Field("2s", description="replay one probe this often during load")
+    timeout: Duration = Field("20s", description="a replayed probe unanswered this long ends its round (a stuck target)")
 
     @property
     def interval_s(self) -> float:
         return _seconds(self.interval, "probes.interval")
+
+    @property
+    def timeout_s(self) -> float:
+        return _seconds(self.timeout, "probes.timeout")
 
 
 class WindowSpec(Strict):
@@ -182,6 +187,8 @@ class FaultSchedule(Strict):
 class GateSpec(Strict):
     min_window_requests: int = Field(5, ge=0, description="fewer requests inside a fault window prove nothing")
     require_confirmed_faults: bool = True
+    wedged_after_s: float = Field(20.0, ge=0, description="nothing generated this long with requests queued (outside fault windows "
+                                  "and lulls) is a wedged target: the run stops faulting and judges; 0 turns the watchdog off")
 
 
 class OracleSpec(Strict):

@@ -1,6 +1,6 @@
 """The over-length canary: victim traffic with markers, then over-length probes that must be 4xx.
 
-This is the behavioural check from the KV-leak incident (incident-writeup.md): a prompt longer than
+This is the behavioural check from the KV-leak incident (SGLang issue #30233): a prompt longer than
 the KV pool (or the context) must come back as a 4xx, and nothing it returns may carry another
 request's data. It works against any OpenAI-compatible endpoint (the router, an SGLang worker,
 vLLM); `/generate` is probed too when the target is SGLang-shaped.
@@ -13,7 +13,7 @@ Flow (`run_canary`):
    is reported.
 2. **Plan.** One probe per size (`plan_sizes`): just over the pool (``max_total_num_tokens + 1``),
    just over the context (``context_length + 1``), inside the band ``[max_req_input_len,
-   context_length)`` where only SGLang's scheduler check rejects (sglang-facts.md §2), and ``N+1``
+   context_length)`` where only SGLang's scheduler check rejects (``validate_input_length``), and ``N+1``
    and ``2N`` for ``--max-tokens-probe N``; times each route, streaming and not. Every probe has its
    own marker index.
 3. **Calibrate** (before any victim, so the probes' own calibration traffic is older than the
@@ -48,7 +48,7 @@ the HTTP status is 200 and both hold:
   ``finish_reason`` ``{"type": "abort", "status_code": 4xx}``, or an error whose ``type`` is
   ``BadRequestError`` / ``invalid_request_error`` and has no numeric code. On ``/generate`` of an
   SGLang target, a code-less ``{"error": {"message": ...}}`` also counts: that is SGLang's
-  ``ValueError`` path, which is its 400 mapping (sglang-facts.md §2).
+  ``ValueError`` path, which is its 400 mapping (``tokenizer_manager.py``, ``http_server.py``).
 
 Anything else is a FAIL: content before or without the error, an in-stream 5xx, an abort without a
 status (SGLang's plain abort, HTTP 200), or a stream that just ends.

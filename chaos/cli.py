@@ -4,7 +4,7 @@ Each command lives in its own module and exposes `register(subparsers)`, which a
 sets `handler` to a function taking the parsed namespace and returning the exit code. This module
 only assembles them, so a new command never touches another command's code.
 
-Exit codes follow DESIGN.md: 0 PASS/ok, 1 FAIL, 2 usage or configuration error, 3 INCONCLUSIVE.
+Exit codes follow README.md: 0 PASS/ok, 1 FAIL, 2 usage or configuration error, 3 INCONCLUSIVE.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.campaign import json_schema, load_campaign, parse_campaign
+from chaos.errors import UsageError
 
 
 def register(commands: Any) -> None:
@@ -22,6 +23,9 @@ def register(commands: Any) -> None:
     run.add_argument("--defect", action="append", default=None, metavar="NAME",
                      help="embedded engine only: turn on this defect (repeat; replaces the campaign's list)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("--explore", type=int, default=None, metavar="N",
+                     help="run N seeded random schedules drawn from the campaign's fault windows, stop at the first FAIL "
+                          "and shrink it to a minimal OUT/reproduce.yaml (exit 1 when one failed, 0 when all passed)")
     run.set_defaults(handler=run_campaign)
     schema = commands.add_parser("schema", help="print the campaign JSON Schema")
     schema.set_defaults(handler=lambda _: print(json.dumps(json_schema(), indent=2)) or 0)
@@ -33,14 +37,36 @@ def run_campaign(args: argparse.Namespace) -> int:
     if args.seed is not None:
         overrides["seed"] = args.seed
     if args.defect is not None:
+        if campaign.target.kind != "sim":
+            raise UsageError(f"--defect: {args.campaign} targets {campaign.target.kind}; defects are switches of the "
+                             "embedded engine (target.kind: sim)")
         overrides["target"]["sim"]["defects"] = list(args.defect)
     campaign = parse_campaign(overrides, str(args.campaign))
     out = args.out or Path("runs") / f"{campaign.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     from chaos.runner import Runner
 
+    if args.explore is not None:
+        return _explore(campaign, args, out)
     outcome = Runner(campaign, out, ray_address=args.ray_address, progress=not args.quiet).run()
     print(f"verdict: {outcome.verdict.value} (exit {outcome.exit_code})")
     for reason in outcome.reasons[:15]:
         print(f"  - {reason}")
     print(f"report: {out / 'report.html'}")
     return outcome.exit_code
+
+
+def _explore(campaign: Any, args: argparse.Namespace, out: Path) -> int:
+    from chaos.errors import UsageError
+    from chaos.explore import explore
+    from chaos.runner import Runner
+
+    if args.explore < 1:
+        raise UsageError(f"--explore {args.explore}: give the number of schedules to try (at least 1)")
+    say = (lambda _: None) if args.quiet else (lambda text: print(f"[explore] {text}", flush=True))
+    verdict, reproduce = explore(campaign, args.explore, out,
+                                 lambda c, d: Runner(c, d, ray_address=args.ray_address, progress=False).run().verdict, say)
+    print(f"verdict: {verdict.value} (exit {verdict.exit_code})")
+    if reproduce is not None:
+        print(f"reproduce: {reproduce}")
+    print(f"attempts: {out / 'explore.json'}")
+    return verdict.exit_code

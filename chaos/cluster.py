@@ -1,7 +1,7 @@
 """Load placement on Ray: actors that each run Locust as a subprocess and stream records back.
 
-Locust must not be imported inside a Ray worker (its gevent patching deadlocks there,
-components.md §2), so an actor only starts `python -m locust` in its own session and tails the
+Locust must not be imported inside a Ray worker (the gevent patching Locust does on import
+deadlocks there), so an actor only starts `python -m locust` in its own session and tails the
 JSON-lines file the users write. One machine: a local Ray bound to loopback. Many machines:
 `--ray-address`, with load actors placed on nodes that offer the `pdchaos_load` resource when any
 node does.
@@ -30,7 +30,7 @@ LOAD_RESOURCE = "pdchaos_load"
 ACTOR_CPUS = 0.25  # several actors fit on a 2-core machine
 POLL_MAX_LINES = 5000
 
-# Ray binds every socket to loopback only with this (components.md §1).
+# Ray binds every socket to loopback only with this (by default it listens on *:PORT).
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
 
 

@@ -293,12 +293,15 @@ def is_ready_line(message: str) -> bool:
     return message.startswith(READY_TEXT)
 
 
-_SERVER_ARGS = re.compile(r"^server_args=\s*ServerArgs\(")
+# `server_args=ServerArgs(model_path='...', ...)` (a dataclass repr, older SGLang), or
+# `server_args={'model_path': '...', ...}` (a dict of the resolved values: SGLang 0.5.19 and 0.5.23 log
+# `resolved_dict()` in `srt/entrypoints/engine.py`; tests/fixtures/sglang/cpu-0.5.23/).
+_SERVER_ARGS = re.compile(r"^server_args=\s*(?:ServerArgs\(|\{)")
 
 
 @dataclass(frozen=True)
 class ServerArgsFacts:
-    """A few fields of the ``server_args=ServerArgs(...)`` banner.
+    """A few fields of the ``server_args=ServerArgs(...)`` (or ``server_args={...}``) banner.
 
     These are the *flags*, not resolved values: ``context_length`` is None when the model's own
     length is used, and ``max_total_tokens`` is the ``--max-total-tokens`` cap, not the pool.
@@ -315,8 +318,9 @@ class ServerArgsFacts:
 
 
 def _repr_field(text: str, name: str) -> str | None:
-    value_pattern = r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^,()\s]+)"""
-    match = re.search(rf"(?:\(|,\s*){name}={value_pattern}", text)
+    value_pattern = r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^,(){}\s]+)"""
+    match = (re.search(rf"(?:\(|,\s*){name}={value_pattern}", text)  # ServerArgs(name=value, ...)
+             or re.search(rf"(?:\{{|,\s*)'{name}':\s*{value_pattern}", text))  # {'name': value, ...}
     if match is None:
         return None
     value = match.group(1)

@@ -1,6 +1,6 @@
 """Pool-vs-context preflight: every prefill and decode node's KV pool must hold a whole context.
 
-The incident this guards against (``reference/incident-writeup.md``): a prefill pool of 681,280
+The incident this guards against (Cloudflare's GLM-5.3 report; SGLang #30233): a prefill pool of 681,280
 tokens behind an advertised context of 1,048,576. Prompts between the two passed the tokenizer's
 length check, were rejected by the scheduler, and the rejected request still went through the PD
 handoff; decode then read KV pages it never received, which held other users' data.

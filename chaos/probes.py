@@ -28,7 +28,28 @@ FILLER = ("The quarterly ledger lists revenue churn and the support backlog for 
 # hands one adapter's KV to the other (bug class K6).
 ADAPTER_PREFIX = ("System: you are the release assistant. Answer in short sentences, cite the ticket "
                   "numbers you are given and never invent figures that the note does not contain. ")
-ADAPTERS = ("adapter-a", "adapter-b")
+ADAPTERS = ("adapter-a", "adapter-b")  # names for a target that does not list its adapters
+CHARS_PER_TOKEN = 4.0  # a common tokenizer on English text, when the target does not count tokens
+SIZING_REPEATS = 8  # the filler this many times (~1,200 characters) sizes the probes
+
+
+def chars_per_token(client: httpx.Client, base_url: str, api: str, index: int,
+                    timeout_s: float = 30.0) -> tuple[float, RequestRecord]:
+    """Characters of the probes' filler per prompt token on the target's own tokenizer, from one
+    request with no markers (the target counts its tokens), and that request's record.
+    CHARS_PER_TOKEN when the target does not count them."""
+    route: Api = "generate" if api == "sglang" else "completions"
+    text = FILLER * SIZING_REPEATS
+    prompt = Prompt(kind="sizing", messages=(Message("user", text),), markers=(), repeat=False, est_tokens=len(text) // 4)
+    body = request_body(route, prompt, stream=False, max_tokens=1, model="default", rid=None)
+    sent = Sent(id=f"sizing-{uuid.uuid4().hex[:8]}", request_index=index, phase="baseline", user_kind="sizing",
+                actor="runner", endpoint=ROUTES[route], stream=False, markers=(), prompt=text, max_tokens=1,
+                planned_send=None)
+    obs = Observed()
+    perform(client, base_url + ROUTES[route], body, api=route, timeout_s=timeout_s, obs=obs, cap=DEFAULT_BODY_CAP)
+    record = build_record(sent, obs, judge(obs))
+    counted = record.prompt_tokens
+    return (len(text) / counted if record.status == 200 and counted and counted > 0 else CHARS_PER_TOKEN), record
 
 
 @dataclass(frozen=True)
@@ -40,11 +61,15 @@ class Probe:
     lora_path: str | None = None
 
 
-def build_probes(codec: MarkerCodec, count: int, context_tokens: int | None, max_tokens: int) -> list[Probe]:
-    """Lengths spread from short to about half the context (the timing oracle needs the spread);
-    every other probe asks the model to repeat (its markers then come back out); every third runs
-    under a LoRA adapter, behind an opening all adapter probes share."""
-    longest_chars = max(400, min(16000, (context_tokens or 4096) * 2))
+def build_probes(codec: MarkerCodec, count: int, context_tokens: int | None, max_tokens: int, *,
+                 adapters: tuple[str, ...] = ADAPTERS, chars_per_token: float = CHARS_PER_TOKEN) -> list[Probe]:
+    """Lengths spread from short to about half the context (the timing oracle needs the spread),
+    in characters of the filler at `chars_per_token` (measured on the target: `chars_per_token`);
+    every other probe asks the model to repeat (its markers then come back out); with two or more
+    `adapters`, every third runs under one of the first two, behind an opening they all share."""
+    half = (context_tokens or 4096) / 2
+    longest_chars = max(400, min(16000, int(half * chars_per_token)))
+    adapters = adapters[:2] if len(adapters) >= 2 else ()
     probes = []
     for i in range(count):
         head, tail = codec.marker(i, 0), codec.marker(i, 1)
@@ -52,7 +77,7 @@ def build_probes(codec: MarkerCodec, count: int, context_tokens: int | None, max
         body = (FILLER * (chars // len(FILLER) + 1))[:chars]
         ask = "Please repeat this note exactly." if i % 2 == 0 else "Summarise this note for the weekly review."
         prompt = f"{head} {ask} {body} {tail}"
-        adapter = ADAPTERS[(i // 3) % 2] if i % 3 == 2 else None
+        adapter = adapters[(i // 3) % 2] if adapters and i % 3 == 2 else None
         if adapter is not None:
             prompt = ADAPTER_PREFIX + prompt
         probes.append(Probe(i, prompt, (head, tail), max_tokens, adapter))

@@ -1,7 +1,7 @@
 """Launching and stopping the servers the suite owns.
 
 Every server starts in its own session (`setsid`), so a signal goes to its whole process group:
-killing one PID of a real engine leaves its worker processes alive (components.md, vLLM).
+killing one PID of a real engine leaves its worker processes alive (vLLM: docs/vllm-tier.md).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ import traceback
 import signal
 import threading
 import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,23 +26,27 @@ import yaml
 
 from chaos.campaign import Campaign, WindowSpec
 from chaos.errors import TargetError, UsageError
+from chaos.facts import parse_prometheus_text
 from chaos.fingerprint import fingerprint
 from chaos.journal import EventKind, Journal, JournalEvent
 from chaos.load import LoadPlan, LoadOutcome, run_load, terminal_progress
 from chaos.loadstats import compute, generator_saturated
 from chaos.oracles.base import OracleContext
 from chaos.oracles.canary import MarkerCodec, new_run_prefix
+from chaos.oracles.liveness import HELD_BACK, TOKEN_KEYS, busy, loads_ranks, queue_counts
 from chaos.oracles.registry import ALL_ORACLES
 from chaos.preflight import PreflightInputs, run_preflight
-from chaos.probes import Probe, build_probes, replay_order, send_probe
+from chaos.probes import ADAPTERS, Probe, build_probes, chars_per_token, replay_order, send_probe
 from chaos.targets.dialect import dialect_of
 from chaos.targets.factory import attach, build_stack, launcher_for
 from chaos.targets.base import Target
-from chaos.targets.discovery import discover_facts
+from chaos.targets.discovery import discover_facts, served_adapters
 from chaos.tenant_probe import run_tenant_probe
 from chaos.verdict import Finding, OracleResult, Verdict, combine
 from chaos.windows import windows_from_events
 from faults.base import FaultContext
+from faults.provoke import KIND_PROVOCATION, Provoker, split_params
+from faults.traffic import KIND_ABORT, KIND_OVER_LENGTH
 from faults.registry import build_fault
 from faults.window import run_window
 from loadprofiles.profiles import PROFILES
@@ -49,7 +55,10 @@ log = logging.getLogger("pdchaos.runner")
 
 PROBE_INDEX_LIMIT = 10_000  # load traffic numbers its requests from here on
 TENANT_INDEX_BASE = 5_000  # the tenant probe's requests, between the reference probes and the load
+SIZING_INDEX = TENANT_INDEX_BASE - 1  # the one request that sizes the probes
+EXPOSED_KINDS = (KIND_PROVOCATION, KIND_ABORT, KIND_OVER_LENGTH)  # besides the load, traffic a window's fault acts on
 POOL_SAMPLE_S = 0.5  # often enough that a lull of a few seconds yields two idle samples
+AFTERSHOCK_PARALLEL = 8
 
 
 class Interrupted(Exception):
@@ -83,10 +92,15 @@ class Runner:
         self.journal: Journal | None = None
         self.probes: list[Probe] = []
         self.api = "sglang"
+        self.adapters: tuple[str, ...] | None = None  # LoRA adapters the workers serve; None: they do not say
         self.load_outcome = LoadOutcome()
         self.window_results: list[Any] = []
         self.active_fault: str | None = None
         self.leaks_so_far = 0
+        # The progress watchdog: when the target last answered, and whether it stopped answering.
+        self.last_answer = time.time()
+        self.quiet_since_window = time.time()
+        self.wedged = threading.Event()
 
     # --------------------------------------------------------------------------- the flow ----
 
@@ -176,13 +190,20 @@ class Runner:
         if pool_report:
             environment["pool_check"] = pool_report
         self.journal.set_meta("environment", environment)
+        self.adapters = served_adapters(infos)
         self.facts = discover_facts(endpoints.router_url, tuple(w.url for w in endpoints.workers))
         if self.facts.context_length is None and infos:
-            self.facts = dataclasses.replace(self.facts, context_length=min(i.get("context_length") or 10**9 for i in infos.values()),
-                                             max_total_num_tokens=min(i.get("max_total_num_tokens") or 10**12 for i in infos.values()),
-                                             max_req_input_len=min(i.get("max_req_input_len") or 10**9 for i in infos.values()),
+            # A router that states no limits (sglang-router has no /v1/models or /server_info):
+            # the tightest each worker states, or None where none does.
+            workers = [discover_facts(w.url) for w in endpoints.workers]
+            self.facts = dataclasses.replace(self.facts, context_length=_least(f.context_length for f in workers),
+                                             max_total_num_tokens=_least(f.max_total_num_tokens for f in workers),
+                                             max_req_input_len=_least(f.max_req_input_len for f in workers),
                                              api="sglang")
         self.api = self.facts.api
+        self.journal.set_meta("limits", {"context_length": self.facts.context_length,
+                                         "max_total_num_tokens": self.facts.max_total_num_tokens,
+                                         "max_req_input_len": self.facts.max_req_input_len})
         self._say(f"target up: router {endpoints.router_url}")
 
     def _placement(self) -> dict[str, str]:
@@ -206,8 +227,13 @@ class Runner:
         j, endpoints = self.journal, self.target.endpoints
         j.append_event(JournalEvent(EventKind.PHASE, "baseline:start"))
         self._snapshot("idle_before", "before")
-        self.probes = build_probes(self.codec, self.campaign.probes.count, self.facts.context_length, self.campaign.load.max_tokens)
         with httpx.Client(trust_env=False) as client:
+            per_token, sizing = chars_per_token(client, endpoints.router_url, self.api, SIZING_INDEX)
+            j.append_request(sizing)
+            adapters = ADAPTERS if self.adapters is None else self.adapters
+            self.probes = build_probes(self.codec, self.campaign.probes.count, self.facts.context_length,
+                                       self.campaign.load.max_tokens, adapters=adapters, chars_per_token=per_token)
+            j.set_meta("probes", {"chars_per_token": round(per_token, 3), "adapters": list(adapters)})
             for _ in range(2):  # twice: a baseline that does not reproduce proves nothing
                 for probe in self.probes:
                     if self.stop.is_set():
@@ -233,18 +259,25 @@ class Runner:
             except httpx.HTTPError:
                 pass
 
-    def _snapshot(self, loads_phase: str, metrics_phase: str | None) -> None:
+    def _snapshot(self, loads_phase: str, metrics_phase: str | None) -> dict[str, Any]:
+        """Journal every worker's `/v1/loads` (and `/metrics`); returns the loads by role."""
         assert self.journal is not None and self.target is not None
+        taken: dict[str, Any] = {}
         for worker in self.target.endpoints.workers:
             data = _get_json(f"{worker.url}/v1/loads")
             if data is not None:
-                self.journal.append_event(JournalEvent(EventKind.PROBE, "loads", {"role": worker.role, "phase": loads_phase, "data": data}))
+                taken[worker.role] = data
+                sample: dict[str, Any] = {"role": worker.role, "phase": loads_phase, "data": data}
+                if loads_phase != "idle_before" and not _queued(data) and (held := self._held_back(worker.url)):
+                    sample[HELD_BACK] = held
+                self.journal.append_event(JournalEvent(EventKind.PROBE, "loads", sample))
             if metrics_phase:
                 try:
                     text = httpx.get(f"{worker.url}/metrics", timeout=5.0, trust_env=False).text
                     self.journal.append_event(JournalEvent(EventKind.PROBE, "metrics", {"role": worker.role, "phase": metrics_phase, "text": text}))
                 except httpx.HTTPError:
                     pass
+        return taken
 
     # ------------------------------------------------------------------- load with faults ----
 
@@ -266,7 +299,7 @@ class Runner:
                                         daemon=True)
         helpers = [
             threading.Thread(target=self._replay_probes, args=(load_started, started_at, load_done), name="probes", daemon=True),
-            threading.Thread(target=self._sample_pools, args=(load_done,), name="pools", daemon=True),
+            threading.Thread(target=self._sample_pools, args=(load_done, load_started, started_at), name="pools", daemon=True),
         ]
         for thread in (fault_thread, *helpers):
             thread.start()
@@ -289,6 +322,7 @@ class Runner:
     def _scan_live(self, records: list[Any]) -> None:
         """Count leaks as records arrive, for the live line (the canary oracle judges later)."""
         for record in records:
+            self._note_progress(record)
             if record.response_text and self.codec.scan_others(record.response_text, record.request_index):
                 self.leaks_so_far += 1
 
@@ -301,37 +335,58 @@ class Runner:
             if self.stop.is_set() or load_done.is_set():
                 return
         started = started_at[0]
-        for n, window in enumerate(self.campaign.windows()):
-            wait = started + window.at_s - time.time()
-            if wait > 0 and (self.stop.wait(wait) or load_done.is_set()):
-                return
-            if self.stop.is_set() or load_done.is_set():
-                return
-            self._run_window(n, window)
-            self._aftershock(window)
+        provoker: Provoker | None = None
+        try:
+            for n, window in enumerate(self.campaign.windows()):
+                wait = started + window.at_s - time.time()
+                if wait > 0 and (self.stop.wait(wait) or load_done.is_set()):
+                    return
+                if provoker is not None:
+                    provoker.join()  # one window's traffic at a time: findings name their window
+                if self.stop.is_set() or load_done.is_set() or self.wedged.is_set():
+                    return
+                provoker = self._run_window(n, window)
+                self._aftershock(window)  # while the provocation's after-heal waves still run
+        finally:
+            if provoker is not None:
+                provoker.join()
 
-    def _run_window(self, n: int, window: WindowSpec) -> None:
+    def _run_window(self, n: int, window: WindowSpec) -> Provoker:
         assert self.target is not None
         fault = build_fault(window.fault, window.params, f"faults.windows[{n}]")
+        _, provoke = split_params(window.params, f"faults.windows[{n}].params")
+        provoker = Provoker(window.fault, provoke, request_timeout_s=self.campaign.oracles.request_deadline_s + 1.0)
         ctx = FaultContext(target=self.target, journal=self.journal, window_id=f"w{n + 1}")
         self._say(f"fault {window.fault} ({ctx.window_id}) for {window.duration_s:.0f}s")
         self.active_fault = f"{window.fault}#{ctx.window_id}"
         try:
-            result = run_window(fault, ctx, window.duration_s, params=window.params, keep_going=lambda: not self.stop.is_set())
+            result = run_window(fault, ctx, window.duration_s, params=window.params, keep_going=lambda: not self.stop.is_set(),
+                                provoker=provoker)
         finally:
             self.active_fault = None
+            self.quiet_since_window = time.time()
         self.window_results.append(result)
         state = "confirmed" if result.confirmation.confirmed else "NOT confirmed"
         self._say(f"fault {window.fault} ({ctx.window_id}) healed; {state}: {result.confirmation.evidence}")
+        return provoker
 
     def _aftershock(self, window: WindowSpec) -> None:
-        """Replay every probe right after the heal: corruption can outlive its fault."""
+        """Replay every probe right after the heal, all at once: corruption can outlive its fault,
+        and probes one after another would push the next window back by a round trip each."""
         assert self.journal is not None and self.target is not None
-        with httpx.Client(trust_env=False) as client:
-            for probe in self.probes:
-                if self.stop.is_set():
-                    return
-                self.journal.append_request(send_probe(client, self.target.endpoints.router_url, probe, "aftershock", self.api))
+        if self.stop.is_set() or self.wedged.is_set() or not self.probes:
+            return
+        url, timeout = self.target.endpoints.router_url, self.campaign.probes.timeout_s
+        with httpx.Client(trust_env=False, limits=httpx.Limits(max_connections=len(self.probes))) as client, \
+                ThreadPoolExecutor(max_workers=min(len(self.probes), AFTERSHOCK_PARALLEL), thread_name_prefix="aftershock") as pool:
+            records = list(pool.map(lambda probe: send_probe(client, url, probe, "aftershock", self.api, timeout_s=timeout),
+                                    self.probes))
+        for record in records:
+            self.journal.append_request(record)
+            self._note_progress(record)
+        unanswered = sum(1 for r in records if r.status is None)
+        if unanswered:
+            self._say(f"aftershock probes after {window.fault}: {unanswered} of {len(records)} got no answer in {timeout:.0f} s")
 
     def _replay_probes(self, load_started: threading.Event, started_at: list[float], load_done: threading.Event) -> None:
         """Probes at their interval through the load, except in its lulls: a lull is kept idle,
@@ -341,11 +396,13 @@ class Runner:
         order = replay_order(self.probes)
         with httpx.Client(trust_env=False) as client:
             n = 0
-            while not load_done.wait(interval) and not self.stop.is_set():
+            while not load_done.wait(interval) and not self.stop.is_set() and not self.wedged.is_set():
                 if load_started.is_set() and self._in_lull(time.time() - started_at[0]):
                     continue
                 probe = order[n % len(order)]
-                self.journal.append_request(send_probe(client, self.target.endpoints.router_url, probe, "load", self.api))
+                record = send_probe(client, self.target.endpoints.router_url, probe, "load", self.api, timeout_s=self.campaign.probes.timeout_s)
+                self.journal.append_request(record)
+                self._note_progress(record)
                 n += 1
 
     def _in_lull(self, t: float) -> bool:
@@ -356,9 +413,48 @@ class Runner:
         current = next((stage for stage in load.stages if t < stage.until_s), None)
         return current is not None and current.users == 0
 
-    def _sample_pools(self, load_done: threading.Event) -> None:
+    def _sample_pools(self, load_done: threading.Event, load_started: threading.Event, started_at: list[float]) -> None:
         while not load_done.wait(POOL_SAMPLE_S) and not self.stop.is_set():
-            self._snapshot("during", None)
+            loads = self._snapshot("during", None)
+            if load_started.is_set() and not self.wedged.is_set():
+                self._watch_progress(loads, time.time() - started_at[0])
+
+    def _note_progress(self, record: Any) -> None:
+        """Progress is a request that generated something: a front end that still rejects
+        over-length prompts with 400 while decode is stuck makes none."""
+        if record.status == 200 and (record.completion_tokens or record.token_times) and record.t_end is not None:
+            self.last_answer = max(self.last_answer, record.t_end)
+
+    def _watch_progress(self, loads: dict[str, Any], t: float) -> None:
+        """A target that stops answering while requests queue is wedged: that is evidence (the
+        liveness oracle judges it), and waiting out every timeout after it would only delay the
+        verdict. Fault windows and lulls are not counted: answers may stop there on purpose."""
+        after = self.campaign.gates.wedged_after_s
+        if after <= 0 or self.active_fault is not None or self._in_lull(t):
+            return
+        quiet = time.time() - max(self.last_answer, self.quiet_since_window)
+        queued = {role: n for role, data in loads.items() if (n := _queued(data))}
+        if quiet < after or not queued:
+            return
+        assert self.journal is not None
+        self.journal.append_event(JournalEvent(EventKind.PROBE, "wedged", {
+            "quiet_s": round(quiet, 1), "queued": queued, "loads": loads}))
+        self.wedged.set()
+        self._say(f"the target stopped making progress: nothing generated for {quiet:.0f} s with requests queued ({queued}); "
+                  "no further faults or probes, judging after the load")
+
+    def _held_back(self, url: str) -> float:
+        """Requests whose pages the engine holds back on purpose, counted only in `/metrics`
+        (the dialect's `held_back_metrics`); 0 when it names none or does not answer."""
+        assert self.target is not None
+        names = set(dialect_of(self.target).held_back_metrics)
+        if not names:
+            return 0.0
+        try:
+            text = httpx.get(f"{url}/metrics", timeout=2.0, trust_env=False).text
+        except httpx.HTTPError:
+            return 0.0
+        return sum(s.value for s in parse_prometheus_text(text) if s.name in names)
 
     # ------------------------------------------------------------------------------ drain ----
 
@@ -367,8 +463,8 @@ class Runner:
         assert self.journal is not None and self.target is not None
         self.journal.append_event(JournalEvent(EventKind.PHASE, "drain:start"))
         deadline = time.monotonic() + self.campaign.oracles.drain_timeout_s
-        while time.monotonic() < deadline and not self.stop.is_set():
-            if all(_idle(_get_json(f"{w.url}/v1/loads")) for w in self.target.endpoints.workers):
+        while time.monotonic() < deadline and not self.stop.is_set() and not self.wedged.is_set():
+            if all(_idle(_get_json(f"{w.url}/v1/loads")) and not self._held_back(w.url) for w in self.target.endpoints.workers):
                 break
             time.sleep(0.5)
         self._snapshot("after_drain", "after")
@@ -429,11 +525,20 @@ class Runner:
         if stopped_early:
             gates.append(Finding("run", Verdict.INCONCLUSIVE, stopped_early))
         load = [r for r in ctx.requests if r.phase == "load"]
-        for window in windows_from_events(ctx.journal.iter_events(kind="fault")):
+        # A window's own provocation, and a traffic fault's own requests (the over-length prompts,
+        # the aborted ones), are exposed to its fault as the load is; its calibration is not.
+        exposed = [r for r in ctx.requests if r.phase == "load" or r.user_kind in EXPOSED_KINDS]
+        windows = windows_from_events(ctx.journal.iter_events(kind="fault"))
+        planned = len(self.campaign.windows())
+        if not stopped_early and len(windows) < planned:
+            why = ("the target was wedged (see liveness)" if any(True for _ in ctx.snapshots("wedged"))
+                   else "the load ended first (lengthen load.duration or space the windows out)")
+            gates.append(Finding("gate", Verdict.INCONCLUSIVE, f"{planned - len(windows)} of {planned} planned fault windows never ran: {why}"))
+        for window in windows:
             if self.campaign.gates.require_confirmed_faults and not window.confirmed:
                 gates.append(Finding("gate", Verdict.INCONCLUSIVE, f"fault {window.label} was not confirmed: {window.confirm_evidence}",
                                      window=window.label))
-            inside = sum(1 for r in load if _overlaps(r, window))
+            inside = sum(1 for r in exposed if _overlaps(r, window))
             if inside < self.campaign.gates.min_window_requests:
                 gates.append(Finding("gate", Verdict.INCONCLUSIVE,
                                      f"fault {window.label} saw {inside} requests in flight, fewer than {self.campaign.gates.min_window_requests}",
@@ -485,12 +590,21 @@ def _get_json(url: str) -> dict[str, Any] | None:
         return None
 
 
-def _idle(loads: dict[str, Any] | None) -> bool:
-    if loads is None:
-        return False
-    queues = [v for k, v in loads.get("disaggregation", {}).items() if k.endswith("_reqs")]
-    return not (loads.get("num_running_reqs") or loads.get("num_waiting_reqs") or any(queues)
-                or loads.get("num_used_tokens") or loads.get("quarantined_tokens"))
+def _least(values: Iterable[int | None]) -> int | None:
+    stated = [v for v in values if v is not None]
+    return min(stated) if stated else None
+
+
+def _queued(loads: Any) -> int:
+    """Requests a worker holds in any queue (running, waiting, or a disaggregation queue)."""
+    return int(sum(sum(queue_counts(rank).values()) for rank in loads_ranks(loads)))
+
+
+def _idle(loads: Any) -> bool:
+    """Every rank of a `/v1/loads` answer has no request queued or in a forward pass and no
+    pages in use (an unreadable answer is not idle: the drain waits it out)."""
+    ranks = loads_ranks(loads)
+    return bool(ranks) and not any(busy(rank) or any(rank.get(k) for k in TOKEN_KEYS) for rank in ranks)
 
 
 def _as_json(value: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The tenant probe: can one tenant see, through the prefix cache, what another tenant asked?
 
-Bug-zoo K9 (B29, §5). Requests are sent one at a time, with no load, each with a top-level
+Bug class K9 (vLLM CVE-2025-46570). Requests are sent one at a time, with no load, each with a top-level
 `cache_salt` (the tenant). Per round:
 
 1. victim (salt A): a fresh secret prefix (about `prefix_tokens` tokens, unique to the round,

@@ -1,4 +1,4 @@
-"""The tri-state verdict and what an oracle hands back (DESIGN.md, "Verdict").
+"""The tri-state verdict and what an oracle hands back (docs/real-sglang.md, "Reading the report").
 
 FAIL when anything proves a leak, a corruption or a contract breach. INCONCLUSIVE when the run
 cannot prove the absence of one (a fault not confirmed, too little traffic in a fault window, a

@@ -1,6 +1,6 @@
 """An asyncio TCP fault proxy: the suite's stand-in for netem and Toxiproxy.
 
-This kernel has no netem and there is no Toxiproxy binary (components.md §5), so latency, jitter,
+This kernel has no netem and there is no Toxiproxy binary (docs/architecture.md), so latency, jitter,
 bandwidth, black holes, resets, truncation and slicing on a TCP link come from here. It sits on
 router<->worker HTTP links and on the embedded engine's KV transfer channel (decode advertises the
 proxy's address and prefill connects to it).
@@ -14,7 +14,7 @@ Model, after Toxiproxy's toxics:
   other fault is looked up when the chunk is written, so live changes reach open connections at
   their next chunk; `refuse` and the probability draw apply at accept.
 
-A fault must be confirmed (DESIGN.md "Fault"): `ProxyStats` counts what each fault actually did to
+A fault must be confirmed (docs/architecture.md, "Fault"): `ProxyStats` counts what each fault actually did to
 traffic, and `affected == 0` means the fault touched nothing and its window is INCONCLUSIVE.
 
 Three ways to run it: `FaultProxy` inside a running loop, `ProxyThread` from sync code, and

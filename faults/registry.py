@@ -10,6 +10,7 @@ from chaos.errors import UsageError
 from faults.base import Fault
 from faults.links import KvTransfer, NetnsPartition, RouterLink
 from faults.process import ProcessKill, TransferStall
+from faults.provoke import split_params
 from faults.restarts import EngineFailure, MemoryFraction
 from faults.traffic import CacheFlush, ClientAbort, OverLengthBurst
 
@@ -24,6 +25,7 @@ def build_fault(name: str, params: Mapping[str, Any], where: str) -> Fault:
     cls = FAULTS.get(name)
     if cls is None:
         raise UsageError(f"{where}: unknown fault {name!r}; known faults: {', '.join(sorted(FAULTS))} (see `pdchaos faults list`)")
+    params, _ = split_params(params, where)  # `provoke:` belongs to the window, not the fault
     return cls(cls.Params.from_mapping(params, where))
 
 

@@ -32,7 +32,7 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,6 +40,7 @@ import httpx
 
 from chaos.errors import UsageError
 from chaos.journal import EventKind, JournalEvent, Outcome, RequestRecord
+from chaos.oracles.liveness import loads_ranks
 from chaos.oracles.canary import (
     MAX_REQUEST_INDEX,
     MarkerCodec,
@@ -91,22 +92,20 @@ def window_index_base(window_id: str) -> int:
     return FAULT_INDEX_BASE + (slot % INDEX_SLOTS) * INDEX_SPAN
 
 
-class TrafficFault(Fault):
-    """A fault that sends requests: a run prefix, marker indices, rids, and the journal."""
+class TrafficSource:
+    """Whatever sends canary-marked requests for a window: a run prefix, marker indices, rids,
+    the request shape the target speaks, and the journal. Traffic faults and provocations share it."""
 
-    targets = frozenset({"sim", "sglang", "attach", "vllm"})  # traffic only: any SGLang- or OpenAI-shaped URL
+    name: str
 
-    def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
-        return []  # requests end by themselves; nothing is left to undo
-
-    def _setup(self, ctx: FaultContext) -> None:
-        prefix = getattr(self.params, "run_prefix", "") or ""
+    def _setup(self, ctx: FaultContext, run_prefix: str = "", index_base: int = 0, offset: int = 0) -> None:
+        prefix = run_prefix
         if not prefix and ctx.journal is not None:
             stored = ctx.journal.get_meta("run_prefix")
             prefix = stored if isinstance(stored, str) else ""
         self.codec = MarkerCodec(prefix or new_run_prefix())
-        base = getattr(self.params, "index_base", 0) or window_index_base(ctx.window_id or self.name)
-        self._indices: Iterator[int] = iter(range(base, base + INDEX_SPAN))
+        base = (index_base or window_index_base(ctx.window_id or self.name)) + offset
+        self._indices: Iterator[int] = iter(range(base, base + INDEX_SPAN - offset))
         self._window = ctx.window_id or "adhoc"
         # The request shape the target's engine speaks (SGLang /generate unless its dialect says otherwise).
         self._api = dialect_of(ctx.target).request_api
@@ -129,10 +128,51 @@ class TrafficFault(Fault):
                         actor=f"fault/{self._window}/{self.name}", max_tokens=max_tokens, stream=stream,
                         api=self._api, endpoint="/v1/completions" if self._api == "openai" else "/generate")
 
+    async def measure_sizer(self, client: httpx.AsyncClient, url: str, instruction: str,
+                            exchanges: list[Exchange]) -> Sizer:
+        """Prompt tokens per filler repetition, from two short requests the target counts."""
+        k0, k1 = CALIBRATION_K
+        counts = []
+        for k in (k0, k1):
+            index = self.next_index()
+            ex = self.exchange(index, self.prompt(index, k, instruction), KIND_CALIBRATION, 1, stream=False)
+            exchanges.append(ex)
+            await send(client, url, ex)
+            counts.append(ex.prompt_tokens if ex.status == 200 else None)
+        if counts[0] is None or counts[1] is None or counts[1] <= counts[0]:
+            return Sizer(float(FIXED_TOKENS_ESTIMATE), 1.0, exact=False)
+        slope = (counts[1] - counts[0]) / (k1 - k0)
+        return Sizer(counts[0] - slope * k0, slope, exact=True)
+
     def journal(self, ctx: FaultContext, exchanges: list[Exchange]) -> None:
         if ctx.journal is not None and exchanges:
             ctx.journal.append_requests(e.record() for e in exchanges)
             ctx.journal.flush()
+
+
+@dataclass(frozen=True)
+class Sizer:
+    """Prompt length as a function of filler repetitions: `fixed + slope * repetitions` tokens."""
+
+    fixed: float
+    slope: float
+    exact: bool  # measured on the target (else estimated: one token per repetition)
+
+    def repetitions(self, tokens: int) -> int:
+        return max(1, math.ceil((tokens - self.fixed) / self.slope))
+
+
+class TrafficFault(TrafficSource, Fault):
+    """A fault that sends requests: a run prefix, marker indices, rids, and the journal."""
+
+    targets = frozenset({"sim", "sglang", "attach", "vllm"})  # traffic only: any SGLang- or OpenAI-shaped URL
+
+    def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
+        return []  # requests end by themselves; nothing is left to undo
+
+    def _setup(self, ctx: FaultContext, run_prefix: str = "", index_base: int = 0, offset: int = 0) -> None:
+        super()._setup(ctx, run_prefix or getattr(self.params, "run_prefix", "") or "",
+                       index_base or getattr(self.params, "index_base", 0) or 0, offset)
 
 
 @dataclass
@@ -425,9 +465,11 @@ def transfer_latency_s(ctx: FaultContext) -> float | None:
             loads = httpx.get(f"{worker.url}/v1/loads", timeout=CONTROL_TIMEOUT_S, trust_env=False).json()
         except (httpx.HTTPError, ValueError):
             continue
-        value = (loads.get("disaggregation") or {}).get("kv_transfer_latency_ms") if isinstance(loads, dict) else None
-        if isinstance(value, (int, float)) and value > 0:
-            values.append(float(value) / 1000)
+        for rank in loads_ranks(loads):
+            disagg = rank.get("disaggregation")
+            value = disagg.get("kv_transfer_latency_ms") if isinstance(disagg, Mapping) else None
+            if isinstance(value, (int, float)) and value > 0:
+                values.append(float(value) / 1000)
     return max(values) if values else None
 
 
@@ -629,6 +671,13 @@ def plan_thresholds(limits: list[tuple[int | None, int | None, int | None]]) -> 
     return sorted(found.values(), key=lambda t: t.target)
 
 
+def undershot(thresholds: list[Threshold], counted: int) -> bool:
+    """A prompt the target counted at `counted` tokens is under every limit. Over the deployment's
+    smallest limit is over-length whichever limit it was aimed at: a prompt aimed past decode's
+    limit that lands past only prefill's must still be rejected."""
+    return counted < min(t.tokens for t in thresholds)
+
+
 class OverLengthBurst(TrafficFault):
     name = "over_length_burst"
     summary = "prompts just over each limit the workers report (pool, context, the [max_req_input_len, context) band), at once"
@@ -668,20 +717,17 @@ class OverLengthBurst(TrafficFault):
         url = ctx.target.endpoints.router_url
         notes: list[str] = self._notes
         async with _client() as client:
-            k0, k1 = CALIBRATION_K
-            calibration_index = self.next_index()
-            counts = [await self._tokens(client, url, calibration_index, k, exchanges) for k in (k0, k1)]
-            slope = (counts[1] - counts[0]) / (k1 - k0) if None not in counts else None  # type: ignore[operator]
-            if slope is not None and slope <= 0:
-                slope = None
+            sizer = await self.measure_sizer(client, url, self.INSTRUCTION, exchanges)
+            k0 = CALIBRATION_K[0]
             planned: list[tuple[Threshold, int, int, bool]] = []  # threshold, index, repetitions, exact
             for threshold in thresholds:
                 for _ in range(self.p.count):
                     index = self.next_index()
-                    base = await self._tokens(client, url, index, k0, exchanges) if slope else None
-                    if slope and base is not None:
-                        fixed = base - slope * k0
-                        planned.append((threshold, index, max(1, math.ceil((threshold.target - fixed) / slope)), True))
+                    # This index's own count: its marker's tokens shift the fixed part by a few.
+                    base = await self._tokens(client, url, index, k0, exchanges) if sizer.exact else None
+                    if base is not None:
+                        own = Sizer(base - sizer.slope * k0, sizer.slope, exact=True)
+                        planned.append((threshold, index, own.repetitions(threshold.target), True))
                     elif threshold.upper is not None:
                         notes.append(f"{threshold.label}: skipped, the target reports no token counts to aim into the band")
                     else:  # at least one token per repetition: aim a little over
@@ -695,8 +741,8 @@ class OverLengthBurst(TrafficFault):
                 self._probe_thresholds[ex.rid] = threshold
                 exchanges.append(ex)
             await asyncio.gather(*(send(client, url, ex) for _, ex in probes))
-            for threshold, ex in probes:
-                if ex.status == 200 and ex.prompt_tokens is not None and ex.prompt_tokens < threshold.tokens:
+            for _, ex in probes:
+                if ex.status == 200 and ex.prompt_tokens is not None and undershot(thresholds, ex.prompt_tokens):
                     ex.anomalies.append("over_length_missed")  # we undershot: not an over-length prompt
 
     def confirm(self, ctx: FaultContext) -> Confirmation:

@@ -10,11 +10,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
 from chaos.journal import EventKind, Journal, JournalEvent
 from faults.base import Confirmation, Fault, FaultContext
 from faults.undo import UndoAction
+
+if TYPE_CHECKING:
+    from faults.provoke import Provoker
 
 log = logging.getLogger("pdchaos.faults")
 
@@ -39,17 +43,23 @@ def _journal(journal: Journal | None, fault: Fault, window_id: str, step: str, *
 
 
 def run_window(fault: Fault, ctx: FaultContext, duration_s: float, params: dict | None = None,
-               keep_going: Callable[[], bool] = lambda: True) -> WindowResult:
-    """Hold the fault for `duration_s` (or until `keep_going` turns False), always healing it."""
+               keep_going: Callable[[], bool] = lambda: True, provoker: Provoker | None = None) -> WindowResult:
+    """Hold the fault for `duration_s` (or until `keep_going` turns False), always healing it.
+    A `provoker` sends its traffic from the inject on, and on past the heal (faults/provoke.py):
+    the caller joins it."""
     result = WindowResult(window_id=ctx.window_id, fault=fault.name)
     journal = ctx.journal
     plan: list[UndoAction] = fault.undo_plan(ctx)
     _journal(journal, fault, ctx.window_id, "plan", params=params or {}, undo=[a.to_json() for a in plan])
     try:
+        if provoker is not None:
+            provoker.prepare(ctx)  # sized on the whole target, before the fault
         result.started = time.time()
         # The window opens when injection starts: a kill takes effect during inject().
         _journal(journal, fault, ctx.window_id, "inject", params=params or {})
         fault.inject(ctx)
+        if provoker is not None:
+            provoker.start(ctx)
         deadline = time.monotonic() + duration_s
         early: Confirmation | None = None
         while time.monotonic() < deadline and keep_going():
@@ -76,6 +86,8 @@ def run_window(fault: Fault, ctx: FaultContext, duration_s: float, params: dict 
             log.exception("heal of %s failed", fault.name)
         result.ended = time.time()
         _journal(journal, fault, ctx.window_id, "heal", ok=result.healed, error=result.error)
+        if provoker is not None:
+            provoker.healed()
         result.leftovers = fault.audit(ctx, plan)
         _journal(journal, fault, ctx.window_id, "audit", clean=not result.leftovers, leftovers=result.leftovers)
     return result

@@ -1,7 +1,7 @@
 """The Locust entry point of a load actor: users and shape come from `PDCHAOS_LOAD_CONFIG`.
 
 Started by the driver as a subprocess (Locust must not be imported inside a Ray worker;
-components.md §2), from the repository root:
+see chaos/cluster.py), from the repository root:
 
     PDCHAOS_LOAD_CONFIG='<LoadConfig JSON>' python -m locust --headless \\
         -f loadprofiles/locustfile.py --json --only-summary --skip-log

@@ -242,7 +242,7 @@ class PromptFactory:
         """At and just over every limit the target reports, and inside SGLang's scheduler band.
 
         Band: prompts in [max_req_input_len, context_length) pass SGLang's tokenizer check and
-        fail its scheduler check (sglang-facts.md §2); they need max_tokens small enough that
+        fail its scheduler check (`validate_input_length`); they need max_tokens small enough that
         input + max_tokens <= context_length, or the tokenizer check rejects them first.
         """
         facts = self.facts

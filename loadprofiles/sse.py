@@ -3,7 +3,7 @@
 A qualification run must record what a broken server sent, not crash on it. So the reader never
 raises: malformed SSE lines, non-JSON payloads, a stream that stops without `[DONE]`, the
 sglang-router's truncated error body (`data: {'error': {"message":{"error":{"message`, which it
-sends when decode fails mid-stream; components.md §3), non-JSON bodies and bodies over the cap
+sends when decode fails mid-stream; tests/test_sse_parsing.py), non-JSON bodies and bodies over the cap
 (8 MiB of what we keep: stop reading, keep what arrived) all become `anomalies`, and the caller
 decides the request's outcome from what was seen.
 

@@ -1,7 +1,7 @@
 """Locust users: each sends canary-marked prompts with a sync httpx client and records every request.
 
 Imported only inside a Locust process (importing Locust monkey-patches the process with gevent;
-components.md §2): the locustfile builds one `LoadContext` per process and the user classes from
+see chaos/cluster.py): the locustfile builds one `LoadContext` per process and the user classes from
 it (`user_classes`). Every request, whatever happens to it, ends in exactly one record and one
 Locust request event, including a request cut off when Locust stops its user.
 

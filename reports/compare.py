@@ -11,6 +11,11 @@ Regressions (exit 1), each a line in `regressions`:
 - under faults, TTFT p50/p99 or ITL p99 grew by `max_latency_ratio` or more (both runs with at
   least MIN_LATENCY_SAMPLES values; 0 turns the latency gate off).
 
+A failure can change kind while its cell stays FAIL (an upgrade that turns a silent over-length
+200 into a 500): the FAIL findings are also counted per oracle and rule (`evidence.rule`, else
+the oracle), and a kind of failure the base never had is a regression; one that went away is an
+improvement.
+
 Not proven (exit 3, when nothing regressed), each a line in `unproven`: the candidate has no
 verdict (INCOMPLETE), fell from PASS to INCONCLUSIVE, a cell that passed in the base no longer
 passes, or a base fault window has no counterpart in the candidate. Otherwise exit 0.
@@ -22,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from chaos.loadstats import Distribution
+from chaos.verdict import Verdict
 from reports.matrix import OUTSIDE, MatrixRow
 from reports.model import INCOMPLETE, RunReport
 from reports.traffic import LatencyStats
@@ -85,6 +91,23 @@ class ErrorClassChange:
         return self.base == 0 and self.candidate > 0
 
 
+@dataclass(frozen=True)
+class FailureKindChange:
+    oracle: str
+    rule: str
+    base: int  # FAIL findings of this kind
+    candidate: int
+    example: str  # a summary from the run that has them (the candidate's when both do)
+
+    @property
+    def new(self) -> bool:
+        return self.base == 0 and self.candidate > 0
+
+    @property
+    def gone(self) -> bool:
+        return self.base > 0 and self.candidate == 0
+
+
 @dataclass
 class Comparison:
     base: RunReport
@@ -94,6 +117,7 @@ class Comparison:
     cells: list[CellChange] = field(default_factory=list)
     latency: list[LatencyChange] = field(default_factory=list)
     error_classes: list[ErrorClassChange] = field(default_factory=list)
+    failure_kinds: list[FailureKindChange] = field(default_factory=list)
     regressions: list[str] = field(default_factory=list)
     unproven: list[str] = field(default_factory=list)
     improvements: list[str] = field(default_factory=list)
@@ -114,6 +138,7 @@ def compare_runs(base: RunReport, candidate: RunReport, max_latency_ratio: float
     c.windows = match_rows(base.matrix, candidate.matrix)
     _verdicts(c)
     _cells(c)
+    _failure_kinds(c)
     _leaks(c)
     _errors(c)
     _latency(c)
@@ -187,6 +212,30 @@ def _cells(c: Comparison) -> None:
                 c.improvements.append(where)
     # One line per window and kind of change: a window that proved nothing weakens every oracle.
     c.unproven += [f"{label}: {old} → {new} for {', '.join(names)}" for (label, old, new), names in weakened.items()]
+
+
+def failure_kinds(report: RunReport) -> dict[tuple[str, str], list[str]]:
+    """(oracle, rule) -> the summaries of that kind of FAIL finding."""
+    kinds: dict[tuple[str, str], list[str]] = {}
+    for result in report.oracles:
+        for finding in result.findings:
+            if finding.verdict is Verdict.FAIL:
+                rule = finding.evidence.get("rule") if isinstance(finding.evidence, dict) else None
+                kinds.setdefault((result.name, str(rule or result.name)), []).append(finding.summary)
+    return kinds
+
+
+def _failure_kinds(c: Comparison) -> None:
+    base, cand = failure_kinds(c.base), failure_kinds(c.candidate)
+    for key in dict.fromkeys([*cand, *base]):
+        b, k = base.get(key, []), cand.get(key, [])
+        change = FailureKindChange(key[0], key[1], len(b), len(k), (k or b)[0])
+        c.failure_kinds.append(change)
+        name = key[1] if key[1] == key[0] else f"{key[0]} {key[1]}"
+        if change.new:
+            c.regressions.append(f"new kind of failure: {name} ×{change.candidate} (e.g. {change.example})")
+        elif change.gone:
+            c.improvements.append(f"failure gone: {name} ×{change.base} (e.g. {change.example})")
 
 
 def _leaks(c: Comparison) -> None:

@@ -59,6 +59,8 @@ def compare_json(c: Comparison) -> dict[str, Any]:
         "base": run(c.base), "candidate": run(c.candidate),
         "regressions": c.regressions, "unproven": c.unproven, "improvements": c.improvements, "warnings": c.warnings,
         "cells": [{"window": x.window, "oracle": x.oracle, "base": x.base, "candidate": x.candidate} for x in c.cells],
+        "failure_kinds": [{"oracle": x.oracle, "rule": x.rule, "base": x.base, "candidate": x.candidate, "example": x.example}
+                          for x in c.failure_kinds],
         "error_classes": [{"name": e.name, "base": e.base, "candidate": e.candidate, "base_under_faults": e.base_under_faults,
                            "candidate_under_faults": e.candidate_under_faults, "new": e.new} for e in c.error_classes],
         "latency": [{"span": x.span, "metric": x.metric, "base_s": x.base_s, "candidate_s": x.candidate_s, "ratio": x.ratio,
@@ -83,6 +85,10 @@ def render_compare_markdown(c: Comparison) -> str:
         lines += ["| fault window × oracle | base | candidate |", "|---|---|---|"]
         lines += [f"| {md(x.window)} × {md(x.oracle)} | {SYMBOL.get(x.base, x.base)} | {SYMBOL.get(x.candidate, x.candidate)} |"
                   for x in c.cells]
+        lines.append("")
+    if c.failure_kinds:
+        lines += ["| failure (oracle, rule) | base | candidate |", "|---|---:|---:|"]
+        lines += [f"| {md(x.oracle)} {md(x.rule)} | {x.base} | {x.candidate} |" for x in c.failure_kinds]
         lines.append("")
     under = [x for x in c.latency if x.span == "under faults"]
     if under:
@@ -115,8 +121,16 @@ def render_compare_html(c: Comparison) -> str:
                               ("Improvements", c.improvements, "good"), ("Warnings", c.warnings, "warn")):
         if items:
             body.append(f"<h2>{title}</h2><ul>" + "".join(f"<li class='{cls}'>{escape(x)}</li>" for x in items) + "</ul>")
-    body += [_matrix(c), _leaks(c), _errors(c), _latency(c), _plots(c), "</main>"]
+    body += [_matrix(c), _failures(c), _leaks(c), _errors(c), _latency(c), _plots(c), "</main>"]
     return page(f"pdchaos compare: {c.outcome}", "".join(body))
+
+
+def _failures(c: Comparison) -> str:
+    if not c.failure_kinds:
+        return ""
+    rows = [(escape(f"{x.oracle} {x.rule}" if x.rule != x.oracle else x.oracle), str(x.base), str(x.candidate),
+             escape(x.example[:160])) for x in c.failure_kinds]
+    return "<h2>Kinds of failure</h2>" + table(("oracle, rule", "base", "candidate", "example"), rows)
 
 
 def _runs(c: Comparison) -> str:

@@ -271,12 +271,13 @@ def _faults(report: RunReport) -> str:
             escape(format_seconds(round(end, 1)) if end is not None else "—"),
             escape(secs(f.duration_s)),
             f"{confirmed}<br><span class='muted'>{escape(f.confirm_evidence)}</span>",
+            f"<span class='muted'>{escape(f.provocation or '—')}</span>",
             healed, audit, escape(f.error or ""),
             f"{w.counts.total:,}", pct(w.error_rate), ms(w.ttft.p50), ms(w.ttft.p99),
         ))
     if rows:
-        out.append(table(("window", "params", "start", "end", "length", "confirmation", "heal", "audit", "error",
-                          "requests", "not ok", "TTFT p50 ms", "TTFT p99 ms"), rows, numeric=(9, 10, 11, 12)))
+        out.append(table(("window", "params", "start", "end", "length", "confirmation", "provocation", "heal", "audit", "error",
+                          "requests", "not ok", "TTFT p50 ms", "TTFT p99 ms"), rows, numeric=(10, 11, 12, 13)))
     planned = report.meta.get("windows_planned")
     if isinstance(planned, list) and len(planned) > len(report.faults):
         out.append(f'<p class="warn">{len(planned)} window(s) were planned, {len(report.faults)} reached the journal.</p>')

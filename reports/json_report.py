@@ -42,7 +42,7 @@ def report_json(report: RunReport) -> dict[str, Any]:
              "start": f.start, "end": f.end, "start_offset_s": report.offset(f.start), "end_offset_s": report.offset(f.end),
              "duration_s": f.duration_s, "confirmed": f.confirmed, "confirm_evidence": f.confirm_evidence,
              "healed": f.end is not None and f.healed, "audit_clean": f.audit_clean, "leftovers": f.leftovers,
-             "error": f.error, "traffic": _latency(t.per_window.get(f.label, LatencyStats()))}
+             "error": f.error, "provocation": f.provocation, "traffic": _latency(t.per_window.get(f.label, LatencyStats()))}
             for f in report.faults
         ],
         "oracles": [

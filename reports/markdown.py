@@ -46,6 +46,9 @@ def render_markdown(report: RunReport) -> str:
             cells = [SYMBOL.get(c.label, c.label) + (f" ({len(c.findings)})" if c.findings and c.verdict else "") for c in row.cells]
             lines.append(f"| {md(row.key)} | " + " | ".join(cells) + " |")
         lines.append("")
+    provoked = [f for f in report.faults if f.provocation]
+    if provoked:
+        lines += ["### Provocations", ""] + [f"- {md(f.label)}: {md(f.provocation)}" for f in provoked] + [""]
     if report.leaks:
         lines += ["### Leaks", ""]
         for leak in report.leaks[:MAX_LEAKS]:

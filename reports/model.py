@@ -47,6 +47,7 @@ class FaultRecord:
     error: str | None = None
     audit_clean: bool | None = None
     leftovers: list[str] = field(default_factory=list)
+    provocation: str = ""  # what the window sent to provoke its bug classes (faults/provoke.py)
 
     @property
     def label(self) -> str:
@@ -58,7 +59,7 @@ class FaultRecord:
 
     @property
     def proves_something(self) -> bool:
-        """Only a confirmed fault can make its window PASS (DESIGN.md: unconfirmed is INCONCLUSIVE)."""
+        """Only a confirmed fault can make its window PASS (docs/architecture.md: unconfirmed is INCONCLUSIVE)."""
         return self.confirmed is True
 
 
@@ -330,6 +331,8 @@ class _EventReader:
             elif step == "audit":
                 extra.setdefault(wid, {}).update(audit_clean=bool(data.get("clean")),
                                                  leftovers=[str(x) for x in data.get("leftovers") or []])
+            elif step == "provoke":
+                extra.setdefault(wid, {})["provocation"] = describe_provocation(data)
         return [
             FaultRecord(window_id=w.window_id, fault=w.fault, params=w.params, start=w.start, end=w.end,
                         confirmed=w.confirmed, confirm_evidence=w.confirm_evidence, healed=w.healed,
@@ -401,3 +404,16 @@ def _leaks(journal: Journal, oracles: list[OracleResult]) -> list[Leak]:
             victim=journal.get_request(f.victim_request_id) if f.victim_request_id and detailed else None,
         ))
     return leaks
+
+
+def describe_provocation(data: dict[str, Any]) -> str:
+    """One line per window: the kinds, what was sent and answered, and where each band landed."""
+    kinds = ", ".join(str(k) for k in data.get("kinds") or []) or "none"
+    sent = ", ".join(f"{k} {v}" for k, v in sorted((data.get("sent") or {}).items())) or "nothing sent"
+    answers = ", ".join(f"{k} x{v}" for k, v in sorted((data.get("statuses") or {}).items()))
+    limits = "; ".join(f"{role}: pool {v.get('pool_tokens')}, context {v.get('context_length')}, max input {v.get('max_input_tokens')}"
+                       for role, v in sorted((data.get("limits") or {}).items()) if isinstance(v, dict))
+    landed = "; ".join(f"{label}: {min(v)}..{max(v)} tokens" for label, v in sorted((data.get("landed") or {}).items()) if v)
+    parts = [f"{kinds}: sent {sent}", f"answers {answers}" if answers else "", f"limits read {limits}" if limits else "",
+             f"landed {landed}" if landed else "", f"error {data['error']}" if data.get("error") else ""]
+    return " · ".join(p for p in parts if p)

@@ -14,7 +14,7 @@ import pytest
 
 from chaos.targets.sim.stack import SimStack, SimStackConfig
 
-# Ray and the router must stay on loopback (components.md).
+# Ray and the router must stay on loopback (see chaos/cluster.py).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")

@@ -3,9 +3,9 @@
 `ToyServer` is a tiny SGLang-shaped worker (`/generate`, streaming or not, `/abort_request`,
 `/v1/loads`, `/metrics`) over a toy greedy model, with real timing (prefill cost per uncached
 token, a decode step per token), a prefix cache, a page pool and SGLang-format log lines. Each
-`Defects` switch turns on one real mechanism from the bug zoo; with every switch off it keeps
-every contract the oracles check. `drive` sends `Shot`s over real HTTP (httpx) and writes one
-`RequestRecord` per request into a real `Journal`, as the load driver does.
+`Defects` switch turns on one real mechanism (bug classes K1–K9, docs/architecture.md); with every
+switch off it keeps every contract the oracles check. `drive` sends `Shot`s over real HTTP (httpx)
+and writes one `RequestRecord` per request into a real `Journal`, as the load driver does.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ VOCAB = ("amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbo
 class Defects:
     """One switch per mechanism; all off is a correct server."""
 
-    # K3 / B09 (#30233): an over-length prompt is not rejected; a 1-token stub is "prefilled" (so it
+    # K3 (SGLang #30233): an over-length prompt is not rejected; a 1-token stub is "prefilled" (so it
     # answers as fast as a 1-token prompt) and decode runs over pages it never received, which
     # still hold the previous request's output.
     accept_over_length: bool = False
@@ -45,14 +45,14 @@ class Defects:
     # With `shared_scratch`: check the slot's owner on read and log SGLang's
     # "Context corruption detected" line when it is another request's (log only, keep going).
     detect_corruption: bool = False
-    # K7 / B27: cached_tokens taken from the decode side's page-rounded preallocation, not the
-    # prefix-cache hit: it exceeds prompt_tokens on a repeated prompt.
+    # K7 (SGLang #25972, vLLM #43370): cached_tokens taken from the decode side's page-rounded
+    # preallocation, not the prefix-cache hit: it exceeds prompt_tokens on a repeated prompt.
     cached_over_prompt: bool = False
     # K7: prompt_tokens counted from a counter shared by in-flight requests.
     prompt_tokens_drift: bool = False
     # K7 / #33507: an aborted request answers 200 finish `length` with the tokens it had so far.
     abort_as_length: bool = False
-    # K8 / B02: an aborted request never returns its pages and stays counted in the transfer queue.
+    # K8 (vLLM #46283): an aborted request never returns its pages and stays counted in the transfer queue.
     leak_on_abort: bool = False
     # K8 / #31800: a prompt containing this word waits for a transfer that never completes.
     hang_word: str | None = None

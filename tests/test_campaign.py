@@ -64,6 +64,14 @@ def test_not_yaml_and_missing_files_are_usage_errors(tmp_path: Path) -> None:
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
 
 
+def test_a_defect_on_a_real_engine_campaign_is_a_usage_error(tmp_path: Path) -> None:
+    result = run_cli("run", str(ROOT / "campaigns" / "sglang-cpu.yaml"), "--defect", "pages_leak_on_abort",
+                     "--out", str(tmp_path / "run"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "--defect" in result.stderr and "target.kind: sim" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_unreachable_attach_target_is_a_usage_error(tmp_path: Path) -> None:
     path = tmp_path / "attach.yaml"
     path.write_text(yaml.safe_dump({"name": "remote", "target": {"kind": "attach", "url": "http://127.0.0.1:9"},

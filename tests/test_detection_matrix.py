@@ -11,6 +11,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import detection_matrix as dm  # noqa: E402
 
+RERUN = ("re-run the matrix (.venv/bin/python benchmarks/detection_matrix.py, see benchmarks/README.md) and commit "
+         "its records under benchmarks/results/detection-matrix/ with docs/detection-matrix.md")
+
 
 def test_the_summary_self_test_passes() -> None:
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "detection_matrix.py"), "--self-test"],
@@ -22,7 +25,7 @@ def test_the_summary_self_test_passes() -> None:
 def test_every_committed_record_reads_back_and_names_a_known_defect() -> None:
     found = dm.read_records([dm.DEFAULT_RECORDS])
     assert found, f"no run records under {dm.DEFAULT_RECORDS}"
-    campaigns = {d.campaign for d in dm.DEFECTS.values()}
+    campaigns = {f.stem for f in dm.campaign_files().values()}
     for path, run in found:
         assert run.campaign in campaigns, path
         assert all(d in dm.DEFECTS for d in run.defects), path
@@ -36,11 +39,46 @@ def _tables(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("|")]
 
 
-def test_the_committed_document_is_what_the_committed_records_say(tmp_path: Path) -> None:
+def _doc_digest() -> str | None:
+    """The one source digest the committed document says it was made from (None: mixed or none)."""
+    text = (ROOT / "docs" / "detection-matrix.md").read_text()
+    found = [m.group(1) for line in text.splitlines() if (m := dm.DIGEST_LINE.match(line))]
+    return found[0] if len(found) == 1 else None
+
+
+def test_the_committed_document_is_what_the_committed_records_of_its_digest_say(tmp_path: Path) -> None:
+    digest = _doc_digest()
+    assert digest, f"docs/detection-matrix.md names no single source digest (a mixed-source diagnostic?): {RERUN}"
     doc = tmp_path / "matrix.md"
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "detection_matrix.py"), "--from-records",
-                             str(dm.DEFAULT_RECORDS), "--any-source", "--doc", str(doc)],
+                             str(dm.DEFAULT_RECORDS), "--records-digest", digest, "--doc", str(doc)],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert result.returncode == 0 and doc.is_file(), result.stdout + result.stderr
+    assert doc.is_file(), f"no records of digest {digest}: {RERUN}\n" + result.stdout + result.stderr
     committed = (ROOT / "docs" / "detection-matrix.md").read_text()
-    assert _tables(doc.read_text()) == _tables(committed), "regenerate: benchmarks/detection_matrix.py --from-records"
+    assert _tables(doc.read_text()) == _tables(committed), (
+        f"docs/detection-matrix.md is not what the records of digest {digest} say: regenerate it with "
+        f"benchmarks/detection_matrix.py --from-records benchmarks/results/detection-matrix")
+
+
+def test_the_matrix_doc_is_of_the_current_sources() -> None:
+    digest, current = _doc_digest(), dm.source_digest()
+    assert digest == current, (
+        f"docs/detection-matrix.md was made from runs of sources {digest}; the current sources are {current} "
+        f"(benchmarks/detection_matrix.py --digest): its figures say nothing about these sources: {RERUN}")
+
+
+def test_the_twin_has_the_windows_of_sglang_launch_in_its_order() -> None:
+    """benchmarks/campaigns/sglang-launch-sim.yaml mirrors campaigns/sglang-launch.yaml: every window
+    of a fault that runs on the embedded engine, in the same order, on the same role or link."""
+    import yaml
+
+    from faults.registry import FAULTS
+
+    def windows(path: Path) -> list[tuple[str, object]]:
+        spec = yaml.safe_load(path.read_text())["faults"]["windows"]
+        return [(w["fault"], (w.get("params") or {}).get("role") or (w.get("params") or {}).get("link"))
+                for w in spec if "sim" in FAULTS[w["fault"]].targets]
+
+    launch, twin = windows(ROOT / "campaigns" / "sglang-launch.yaml"), windows(dm.TWIN_CAMPAIGN)
+    assert twin == launch, f"{dm.TWIN_CAMPAIGN.relative_to(ROOT)} is out of step with campaigns/sglang-launch.yaml: {twin} != {launch}"
+    assert yaml.safe_load(dm.TWIN_CAMPAIGN.read_text())["target"]["kind"] == "sim"

@@ -420,7 +420,7 @@ class _Sink:
     def on_done(self, room: int, done: Done) -> None:
         pass
 
-    def on_aborted(self, room: int) -> None:
+    def on_aborted(self, room: int, reason: str = "") -> None:
         pass
 
     def on_stream_closed(self, room: int, terminated: bool) -> None:

@@ -163,3 +163,15 @@ def test_abort_plan_and_index_ranges() -> None:
 
 def test_traffic_families_are_registered() -> None:
     assert {"client_abort", "over_length_burst", "cache_flush"} <= set(FAULTS)
+
+
+def test_an_over_length_prompt_that_lands_over_the_smallest_limit_is_judged_whatever_it_was_aimed_at() -> None:
+    """The incident's pools: prefill's max input 1,018, decode's 2,042, context 2,048. A prompt
+    aimed past decode's limit that the tokenizer counts at 2,015 tokens is still over prefill's:
+    answered 200, it is the incident, not a miss."""
+    from faults.traffic import plan_thresholds, undershot
+    thresholds = plan_thresholds([(1024, 2048, 1018), (8192, 2048, 2042)])
+    aimed_at_decode = next(t for t in thresholds if t.label == "band [2042,2048)")
+    assert aimed_at_decode.tokens == 2042
+    assert not undershot(thresholds, 2015)  # under the limit it was aimed at, over prefill's: judged
+    assert undershot(thresholds, 1011)  # under every limit: a miss, not judged

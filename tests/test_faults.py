@@ -145,3 +145,37 @@ def test_bad_fault_parameters_name_the_field(params: dict, message: str) -> None
 
 def test_every_fault_is_registered() -> None:
     assert {"transfer_stall", "process_kill", "memory_fraction", "engine_failure"} <= set(FAULTS)
+
+
+def test_the_abort_timing_reads_the_transfer_latency_of_real_sglang_loads() -> None:
+    """SGLang 0.5.23 nests `/v1/loads` under `loads: [{dp_rank ...}]`; the latency is per rank."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    from chaos.targets.base import Endpoints, WorkerEndpoint
+    from faults.traffic import transfer_latency_s
+
+    loads = json.loads((Path(__file__).parent / "fixtures/sglang/cpu-0.5.23/loads_prefill_idle.json").read_text())
+    loads["loads"][0]["disaggregation"]["kv_transfer_latency_ms"] = 42.0
+
+    class Loads(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            body = json.dumps(loads).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Loads)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        target = SimpleNamespace(endpoints=Endpoints(router_url=url, workers=(WorkerEndpoint("prefill", url),)))
+        assert transfer_latency_s(FaultContext(target=target)) == pytest.approx(0.042)  # type: ignore[arg-type]
+    finally:
+        server.shutdown()

@@ -398,7 +398,7 @@ def test_timing_does_not_judge_a_repeated_prompt_without_cached_tokens(journal: 
 # ============================================================================= engine integrity ====
 
 
-# SGLang's format strings (sglang-facts.md §3), filled in.
+# SGLang's format strings (as tests/fixtures/preflight/make_fixtures.py cites them), filled in.
 SGLANG_CORRUPTION_LINE = ("[{ts} TP0] Context corruption detected: Request rid-x (bootstrap_room=4242) received "
                           "metadata from bootstrap_room=1717. This indicates a metadata buffer index collision.")
 SGLANG_CANARY_LINE = ("[{ts} TP0] kv_canary violation: launch_tag=decode fail_reason=mismatch slot_idx=12 "
@@ -584,6 +584,75 @@ def test_liveness_finds_pages_still_out_at_two_idle_moments_mid_load(journal: Jo
     assert leaks[0].evidence["t_snapshot"] == 112.0 and leaks[0].evidence["t_confirmed"] == 112.5
 
 
+SGLANG_0523 = Path(__file__).parent / "fixtures" / "sglang" / "cpu-0.5.23"
+
+
+def _sglang_loads(role: str, **rank_fields: Any) -> dict[str, Any]:
+    """Real SGLang 0.5.23's `/v1/loads` (nested `loads: [{dp_rank ...}]`), with fields changed."""
+    import json
+    data = json.loads((SGLANG_0523 / f"loads_{role}_idle.json").read_text())
+    data["loads"][0].update(rank_fields)
+    return data
+
+
+def test_liveness_on_real_sglang_shapes_forward_passes_and_held_back_requests(journal: Journal) -> None:
+    """SGLang 0.5.23 nests its counters; a PD prefill's forward pass shows only in
+    `num_active_tokens`; a decode holding pages for a deferred release says so only in
+    `/metrics` (journaled as `held_back_reqs`). None of these is a leak; pages out with nothing
+    of the kind are."""
+    def loads(t: float, role: str, phase: str, held: int = 0, **fields: Any) -> None:
+        data: dict[str, Any] = {"role": role, "phase": phase, "data": _sglang_loads(role, **fields)}
+        if held:
+            data["held_back_reqs"] = held
+        journal.append_event(JournalEvent(kind=EventKind.PROBE, name="loads", t=t, data=data))
+
+    for role in ("prefill", "decode"):
+        loads(100.0, role, "idle_before")
+    loads(110.0, "prefill", "during", num_used_tokens=500, num_active_tokens=500)  # a forward pass
+    loads(110.5, "prefill", "during", num_used_tokens=500, num_active_tokens=500)
+    loads(111.0, "decode", "during", held=2, num_used_tokens=2645)  # deferred release
+    loads(111.5, "decode", "during", held=2, num_used_tokens=2645)
+    loads(112.0, "decode", "during", num_used_tokens=64, queues={"waiting": 0, "prealloc_ready": 1})  # queued
+    loads(112.5, "decode", "during", num_used_tokens=64, queues={"waiting": 0, "prealloc_ready": 1})
+    loads(120.0, "prefill", "after_drain")
+    loads(120.0, "decode", "after_drain", held=1, num_used_tokens=300)
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
+    assert not fails(result), result.findings
+    held = [f for f in result.findings if "back on purpose (deferred KV release)" in f.summary]
+    assert len(held) == 1 and held[0].verdict is Verdict.INCONCLUSIVE
+
+    loads(113.0, "decode", "during", num_used_tokens=64)  # nothing in flight, nothing held: a leak
+    loads(113.5, "decode", "during", num_used_tokens=64)
+    loads(121.0, "decode", "after_drain", num_used_tokens=64)
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
+    assert any(s.startswith("decode: 64 token(s) of KV pages still in use at two idle moments") for s in fails(result))
+    assert any("decode: num_used_tokens is 64 after the load drained, 0 before it" in s for s in fails(result))
+
+
+def test_the_drain_reads_every_rank_of_real_sglang_loads() -> None:
+    from chaos.runner import _idle
+    assert _idle(_sglang_loads("decode")) and _idle(_sglang_loads("prefill"))
+    assert not _idle(_sglang_loads("prefill", num_active_tokens=500, num_used_tokens=500))
+    assert not _idle(_sglang_loads("decode", disaggregation={"decode_transfer_queue_reqs": 1}))
+    assert not _idle(_sglang_loads("decode", num_used_tokens=16))
+    assert not _idle(None) and not _idle({"timestamp": 1.0, "loads": []})
+
+
+def test_status_accepts_a_length_finish_that_filled_the_context(journal: Journal) -> None:
+    """SGLang caps max_new_tokens at context - 2 - prompt: a 2,041-token prompt with max_tokens 7
+    gets 5 tokens and `length`. That fills the context; 5 of 7 on a short prompt does not."""
+    journal.append_requests([
+        record("capped", 1, prompt_tokens=2041, completion_tokens=5, max_tokens=7),
+        record("short", 2, prompt_tokens=200, completion_tokens=5, max_tokens=7),
+    ])
+    result = StatusContractOracle().evaluate(context(journal))
+    assert len(fails(result)) == 2  # the context unknown: neither can be excused
+    journal.set_meta("limits", {"context_length": 2048})
+    result = StatusContractOracle().evaluate(context(journal))
+    assert len(fails(result)) == 1 and "short answered 200 finish 'length' with 5 of 7" in fails(result)[0]
+    assert result.checked == 2
+
+
 # ===================================================================================== registry ====
 
 
@@ -655,3 +724,52 @@ def test_integrity_on_the_embedded_engine_transfer_failures_and_corruption(journ
     signals = sorted(f.evidence["signal"] for f in result.findings)
     assert signals == ["context_corruption", "kv_checksum_mismatch"]  # the room-99 lines count once
     assert all(f.window == "disagg_failure_prob#w1" for f in result.findings)
+
+
+def test_liveness_reads_real_sglangs_nested_loads_and_never_passes_on_a_shape_it_cannot_read(tmp_path: Path) -> None:
+    """SGLang 0.5.23's /v1/loads nests the counters under `loads: [{dp_rank, ...}]`; an answer
+    with none of the counters the oracle reads is INCONCLUSIVE, not a PASS."""
+    from chaos.oracles.liveness import LivenessOracle, loads_ranks
+
+    nested = {"timestamp": "x", "loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0, "num_used_tokens": 96}]}
+    assert [r["dp_rank"] for r in loads_ranks(nested)] == [0]
+    for after, verdict in ((nested, "FAIL"), ({"timestamp": "x", "something_else": 1}, "INCONCLUSIVE")):
+        with Journal.create(tmp_path / verdict) as journal:
+            for phase, data in (("idle_before", {"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_used_tokens": 0}]}),
+                                ("after_drain", after)):
+                journal.append_event(JournalEvent(EventKind.PROBE, "loads", {"role": "decode", "phase": phase, "data": data}))
+            journal.flush()
+            result = LivenessOracle().evaluate(OracleContext(journal=journal, run_prefix="ABCD", logs={}, settings=OracleSettings()))
+        assert result.verdict.value == verdict, result
+
+
+def test_a_target_that_generates_nothing_with_requests_queued_is_wedged_and_liveness_fails_it(tmp_path: Path) -> None:
+    """The runner's progress watchdog: outside fault windows and lulls, no request generated
+    anything for `gates.wedged_after_s` while a worker reports queued requests."""
+    from chaos.campaign import parse_campaign
+    from chaos.runner import Runner
+
+    campaign = parse_campaign({"name": "w", "target": {"kind": "sim"}, "load": {"profile": "canary-chat", "duration": "60s"},
+                               "gates": {"wedged_after_s": 5}}, "w")
+    runner = Runner(campaign, tmp_path / "run", progress=False)
+    runner.journal = Journal.create(tmp_path / "run")
+    queued = {"decode": {"num_running_reqs": 0, "num_waiting_reqs": 18, "num_used_tokens": 37000, "max_total_num_tokens": 39312}}
+    now = time.time()
+    runner.last_answer = runner.quiet_since_window = now - 4
+    runner._watch_progress(queued, t=30.0)
+    assert not runner.wedged.is_set()  # not yet: 4 s of quiet
+    runner.active_fault = "transfer_stall#w1"
+    runner.last_answer = runner.quiet_since_window = now - 60
+    runner._watch_progress(queued, t=30.0)
+    assert not runner.wedged.is_set()  # a fault window may stop answers on purpose
+    runner.active_fault = None
+    runner._watch_progress({"decode": {"num_running_reqs": 0, "num_waiting_reqs": 0}}, t=30.0)
+    assert not runner.wedged.is_set()  # nothing queued: nobody is waiting
+    runner._watch_progress(queued, t=30.0)
+    assert runner.wedged.is_set()
+    runner.journal.flush()
+    result = LivenessOracle().evaluate(OracleContext(journal=runner.journal, run_prefix="ABCD", logs={}, settings=OracleSettings()))
+    runner.journal.close()
+    wedged = [f for f in result.findings if "stopped making progress" in f.summary]
+    assert result.verdict is Verdict.FAIL and wedged, result
+    assert "queued (decode 18)" in wedged[0].summary and "decode pool 37000/39312" in wedged[0].summary

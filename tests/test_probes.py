@@ -26,3 +26,26 @@ def test_without_adapter_probes_the_order_is_unchanged() -> None:
     probes = build_probes(MarkerCodec("K7QX"), 2, 2048, 16)
     assert not any(p.lora_path for p in probes)
     assert replay_order(probes) == probes
+
+
+def test_probes_are_sized_with_the_targets_own_token_count_and_use_only_served_adapters() -> None:
+    """A tokenizer that gives 0.8 characters a token (the tiny model of the CPU tiers) must not get
+    probes sized for 4: the longest stays near half the context either way."""
+    codec = MarkerCodec("K7QX")
+    coarse = build_probes(codec, 6, 2048, 16, chars_per_token=4.0)
+    fine = build_probes(codec, 6, 2048, 16, chars_per_token=0.8)
+    assert max(len(p.prompt) for p in coarse) > 4 * max(len(p.prompt) for p in fine)
+    assert max(len(p.prompt) for p in fine) < 1024 * 0.8 + 300  # the filler, the ask and two markers
+    assert not any(p.lora_path for p in build_probes(codec, 9, 2048, 16, adapters=()))
+    served = build_probes(codec, 9, 2048, 16, adapters=("sql", "chat", "law"))
+    assert {p.lora_path for p in served if p.lora_path} == {"sql", "chat"}
+
+
+def test_served_adapters_from_sglang_server_info() -> None:
+    from chaos.targets.discovery import served_adapters
+    assert served_adapters({"prefill": {}, "decode": {}}) is None  # nobody says: the default names
+    assert served_adapters({"prefill": {"enable_lora": None, "lora_paths": None}}) == ()  # SGLang 0.5.23 without LoRA
+    both = {"prefill": {"enable_lora": True, "lora_paths": ["sql=/m/sql", "chat=/m/chat"]},
+            "decode": {"enable_lora": True, "lora_paths": {"chat": "/m/chat", "sql": "/m/sql", "x": "/m/x"}}}
+    assert served_adapters(both) == ("chat", "sql")  # what every worker serves
+    assert served_adapters({"prefill": {"lora_paths": [{"lora_name": "a", "lora_path": "/a"}]}}) == ("a",)

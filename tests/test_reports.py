@@ -237,6 +237,32 @@ def test_compare_exit_codes(runs: dict[str, Path]) -> None:
     assert any("TTFT p50 under faults" in x for x in slow_only.regressions)
 
 
+def test_compare_names_a_failure_that_changed_kind(runs: dict[str, Path], tmp_path: Path) -> None:
+    """An upgrade that turns the incident's silent 200 into a 500: the status cell stays FAIL, yet
+    one kind of failure went away and another appeared; the comparison says both."""
+    from dataclasses import replace
+
+    from reports.compare_render import write_comparison
+
+    def with_status(report, rule: str, n: int):  # type: ignore[no-untyped-def]
+        findings = [Finding("status", Verdict.FAIL, f"over-length prompt r{i}: {rule}", evidence={"rule": rule}) for i in range(n)]
+        return replace(report, oracles=[*[o for o in report.oracles if o.name != "status"],
+                                        OracleResult("status", Verdict.FAIL, n, findings)])
+
+    base = load_run(runs["fail"])
+    old, new = with_status(base, "over_length_accepted", 3), with_status(base, "over_length_5xx", 2)
+    comparison = compare_runs(old, new)
+    assert comparison.exit_code == EXIT_REGRESSED
+    assert any(r.startswith("new kind of failure: status over_length_5xx ×2") for r in comparison.regressions)
+    assert any(i.startswith("failure gone: status over_length_accepted ×3") for i in comparison.improvements)
+    assert compare_runs(old, old).failure_kinds and not any("kind of failure" in r for r in compare_runs(old, old).regressions)
+    written = write_comparison(comparison, tmp_path)
+    assert "| status over\\_length\\_5xx | 0 | 2 |" in written["markdown"].read_text()
+    assert "Kinds of failure" in written["html"].read_text()
+    kinds = json.loads(written["json"].read_text())["failure_kinds"]
+    assert {(k["rule"], k["base"], k["candidate"]) for k in kinds} >= {("over_length_5xx", 0, 2), ("over_length_accepted", 3, 0)}
+
+
 # ----------------------------------------------------------------------------------- cli ----
 
 

@@ -98,6 +98,8 @@ def test_up_serves_through_the_router_and_records_its_state(stack: SGLangStack) 
     assert "CUDA_VISIBLE_DEVICES=0" in stack.logs("prefill") and "CUDA_VISIBLE_DEVICES=1" in stack.logs("decode")
     assert "SGLANG_DISAGGREGATION_WAITING_TIMEOUT=30" in stack.logs("decode")
     assert server_info(stack, "prefill")["disaggregation_bootstrap_port"] == stack.ports.bootstrap
+    # A stack already up is returned as it is (the runner calls up() on a stack it is handed).
+    assert stack.up() == endpoints and {r: stack.processes(r)[0].pid for r in pids} == pids
     # no GPU here: the pool check says so rather than failing
     assert [(c["role"], c["status"]) for c in stack.pool_report] == [("prefill", "unknown"), ("decode", "unknown")]
     assert json.loads((stack.run_dir / "pool-check.json").read_text()) == stack.pool_report  # outlives target.json

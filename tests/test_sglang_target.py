@@ -1,8 +1,8 @@
 """The SGLang launch target without a GPU: its campaign section, the exact commands, and the readers.
 
-Flag names are checked against sglang-facts.md §1 (SGLang cannot run here) and against the real
+Flag names are checked against SGLang's `server_args.py` (SGLang cannot run here) and against the real
 `sglang_router.launch_router --help` (the router is installed). Fixtures under
-tests/fixtures/sglang/ are written from SGLang's formats (sglang-facts.md §2, §3).
+tests/fixtures/sglang/ are written from SGLang's formats (`http_server.py`, `scheduler.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from chaos.campaign import load_campaign, parse_campaign
 from chaos.errors import TargetError, UsageError
-from chaos.facts import parse_log, parse_models, parse_server_info, read_pool_metrics
+from chaos.facts import parse_log, parse_models, parse_prometheus_text, parse_server_info, read_pool_metrics
 from chaos.oracles.integrity import CORRUPTION_SIGNALS, TRANSFER_SIGNALS
 from chaos.targets.dialect import SGLANG
 from chaos.targets.launcher import PlannedCommand
@@ -35,14 +35,14 @@ from chaos.targets.sglang.stack import SGLangStack
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 
-# Every launch_server flag pdchaos may emit, as sglang-facts.md §1 names it (field names with
+# Every launch_server flag pdchaos may emit, as SGLang's `server_args.py` names it (field names with
 # dashes; --tp-size from tp_size, --model-path / --served-model-name from ServerArgs' fields).
 SGLANG_SERVER_FLAGS = {
     "--model-path", "--served-model-name", "--host", "--port", "--tp-size", "--base-gpu-id", "--nccl-port",
     "--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
     "--disaggregation-ib-device", "--mem-fraction-static", "--context-length", "--max-total-tokens", "--page-size",
     "--enable-metrics", "--enable-deterministic-inference", "--random-seed", "--kv-canary", "--kv-canary-real-data",
-    "--kv-canary-sweep-interval", "--disaggregation-enable-kv-checksum", "--trust-remote-code",
+    "--kv-canary-sweep-interval", "--disaggregation-enable-kv-checksum", "--trust-remote-code", "--enable-cache-report",
 }
 
 
@@ -117,7 +117,7 @@ def test_server_commands_carry_every_setting_with_sglang_flag_names(tmp_path: Pa
         "--context-length": "40960", "--page-size": "64", "--disaggregation-ib-device": "mlx5_0,mlx5_1",
         "--random-seed": "7", "--kv-canary-real-data": "partial", "--kv-canary-sweep-interval": "100", "--kv-canary": "raise",
         "--enable-deterministic-inference": None, "--disaggregation-enable-kv-checksum": None, "--enable-metrics": None,
-        "--trust-remote-code": None,
+        "--enable-cache-report": None, "--trust-remote-code": None,
     }
     # decode: its own mode, port, fraction and pool; the same bootstrap port (it falls back to it)
     assert (d["--disaggregation-mode"], d["--host"], d["--port"], d["--nccl-port"]) == ("decode", "10.0.0.12", "30200", "30400")
@@ -452,6 +452,24 @@ def test_readiness_stops_at_once_when_the_server_dies_and_names_its_log() -> Non
         await_health("http://127.0.0.1:9/health", 1, FakeProcess())  # type: ignore[arg-type]
 
 
+def test_readiness_believes_the_log_over_a_health_answer_when_the_port_was_taken(
+        health_server: tuple[str, list[float]]) -> None:
+    """The port was free when chosen and taken before the server bound it (uvicorn logs the
+    failure and the server lingers): whatever took it may answer /health. The stack starts again
+    on fresh ports (`PortTaken`), never trusting that answer."""
+    from chaos.targets.sglang.readiness import PortTaken, await_health
+
+    class Unbound(FakeProcess):
+        def read_log(self) -> str:
+            return ("INFO:     Application startup complete.\n"
+                    "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 34775): address already in use\n")
+
+    url, calls = health_server
+    with pytest.raises(PortTaken, match="could not bind its port"):
+        await_health(url, 30, Unbound())  # type: ignore[arg-type]
+    assert calls == []  # not asked at all
+
+
 def test_ports_chosen_free_never_repeat_one_already_taken(tmp_path: Path) -> None:
     class RepeatingLauncher(FakeLauncher):
         """Hands out 30100 (the campaign's prefill port) and each other port twice, as an OS may."""
@@ -466,3 +484,125 @@ def test_ports_chosen_free_never_repeat_one_already_taken(tmp_path: Path) -> Non
     ports = SGLangStack(SGLangSpec(model_path="m", prefill={"port": 30100}), tmp_path, RepeatingLauncher()).ports  # type: ignore[arg-type]
     assert (ports.prefill, ports.decode, ports.prefill_nccl, ports.decode_nccl) == (30100, 41000, 41001, 41002)
     assert (ports.bootstrap, ports.router, ports.router_metrics) == (41003, 41004, 41005)
+
+
+# ------------------------------------------------------------------------- the CPU tier ----
+
+
+def test_cpu_device_adds_only_what_cpu_needs_and_the_tier_defaults(tmp_path: Path) -> None:
+    """`device: cpu` runs the same commands as on GPUs plus the CPU flags and environment
+    (docs/sglang-cpu-tier.md): the venv's python and model, Mooncake over TCP, a small explicit pool."""
+    cuda = SGLangStack(SGLangSpec(model_path="m", transfer_backend="mooncake_tcp", max_total_tokens=8192,
+                                  mem_fraction_static=0.05), tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
+    cpu = SGLangStack(SGLangSpec(model_path="m", device="cpu"), tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
+    for role, gpu_cmd, cpu_cmd in (("prefill", cuda[0], cpu[0]), ("decode", cuda[1], cpu[1])):
+        added = ["--device", "cpu", "--disable-overlap-schedule", "--disable-cuda-graph"]
+        if role == "decode":
+            added += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+        assert cpu_cmd.argv[3:] == gpu_cmd.argv[3:] + added  # after the python and `-m sglang.launch_server`
+        assert cpu_cmd.argv[0].endswith(".venv-sglang/bin/python")
+        assert cpu_cmd.env["SGLANG_USE_CPU_ENGINE"] == "1" and cpu_cmd.env["SGLANG_HOST_IP"] == "10.0.0.1" + ("1" if role == "prefill" else "2")
+        assert cpu_cmd.env["LD_LIBRARY_PATH"].endswith(".venv-sglang/native/lib")
+        assert "CUDA_VISIBLE_DEVICES" not in cpu_cmd.env
+        assert cpu_cmd.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == gpu_cmd.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"]
+    assert cpu[2].argv == cuda[2].argv[:1] + cpu[2].argv[1:] and "--pd-disaggregation" in cpu[2].argv
+    tier = SGLangSpec(device="cpu")
+    assert (tier.transfer_backend, tier.max_total_tokens, tier.mem_fraction_static) == ("mooncake_tcp", 8192, 0.05)
+    prefill = SGLangStack(tier, tmp_path, FakeLauncher()).plan()[0]  # type: ignore[arg-type]
+    assert flag_values(prefill.argv)["--model-path"].endswith(".venv-sglang/models/tiny-llama")
+    # A role's own pool wins over the tier's default (the incident's asymmetric pools).
+    incident = SGLangSpec(device="cpu", prefill={"max_total_tokens": 1024}, decode={"max_total_tokens": 8192})
+    assert incident.max_total_tokens is None
+    with pytest.raises(ValidationError, match="no RDMA device"):
+        SGLangSpec(device="cpu", transfer_backend="mooncake")
+    with pytest.raises(ValidationError, match="CUDA-only"):
+        SGLangSpec(device="cpu", kv_canary="log")
+    with pytest.raises(ValidationError, match="model_path is required"):
+        SGLangSpec()
+
+
+def test_shipped_cpu_campaign_plans_the_tier(tmp_path: Path) -> None:
+    campaign = load_campaign(ROOT / "campaigns" / "sglang-cpu.yaml")
+    assert campaign.target.sglang is not None and campaign.target.sglang.device == "cpu"
+    done = subprocess.run([sys.executable, "-m", "chaos.cli", "plan", str(ROOT / "campaigns" / "sglang-cpu.yaml"),
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("--device cpu") == 2 and "SGLANG_USE_CPU_ENGINE=1" in done.stdout
+    assert "--disaggregation-decode-retraction-backup cpu_tensor" in done.stdout
+
+
+def test_cpu_patcher_applies_once_reports_unneeded_and_refuses_unknown_text(tmp_path: Path) -> None:
+    """The two source conditions of the CPU tier, on files written like SGLang's (not SGLang's code)."""
+    from chaos.targets.sglang.cpu import patch_sources
+
+    package = tmp_path / "sglang"
+    prefill, nixl = (package / c.path for c in patch_sources.CONDITIONS)
+    for path in (prefill, nixl):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    prefill.write_text("def send_kv_chunk():\n" + patch_sources.CONDITIONS[0].old + "        x = y(pin_memory=True)\n")
+    nixl.write_text("class M:\n    def __init__(self, server_args):\n" + patch_sources.CONDITIONS[1].old + '        k = "VRAM"\n')
+    assert patch_sources.main(["--check", str(package)]) == 1  # unpatched
+    assert patch_sources.main([str(package)]) == 0
+    assert patch_sources.MARK in prefill.read_text() and patch_sources.MARK in nixl.read_text()
+    assert patch_sources.main(["--check", str(package)]) == 0
+    patched = prefill.read_text()
+    assert patch_sources.main([str(package)]) == 0 and prefill.read_text() == patched  # idempotent
+    # A version without the hazard needs no change; one whose text differs fails and changes nothing.
+    prefill.write_text("def send_kv_chunk():\n    pass\n")
+    nixl.write_text(patch_sources.CONDITIONS[1].old.replace("len(", "length(") + '        k = "VRAM"\n')
+    before = nixl.read_text()
+    assert patch_sources.main([str(package)]) == 1
+    assert nixl.read_text() == before
+
+
+def test_cpu_requirements_drop_cuda_only_packages_and_pin_the_index_torch() -> None:
+    from chaos.targets.sglang.cpu.requirements import cpu_requirements
+
+    declared = ["torch==2.14.1", "torchvision", "flashinfer_python[cu13]==0.7.2", "sglang-kernel==0.4.10", "fastapi",
+                'av==16.1.0; sys_platform == "linux" and platform_machine == "aarch64"', 'pytest; extra == "test"',
+                "torchaudio==2.11.0", "transformers==5.19.0"]
+    assert cpu_requirements(declared) == ["torch===2.14.1", "torchvision", "fastapi", "transformers==5.19.0"]
+
+
+REAL = FIXTURES / "cpu-0.5.23"  # written by a real SGLang 0.5.23 CPU pair (its README.md)
+
+
+def test_real_0_5_23_startup_logs_server_info_and_metrics_read_as_the_suite_expects() -> None:
+    for role in ("prefill", "decode"):
+        starts = parse_log((REAL / f"{role}_startup.log").read_text().splitlines())
+        assert len(starts) == 1 and starts[0].ready
+        start = starts[0]
+        assert start.server_args is not None and start.server_args.disaggregation_mode == role  # the dict banner
+        assert (start.pool_tokens, start.context_len) == (8192, 2048)
+        facts = next(iter(start.ranks.values())).startup
+        assert facts.mem_device == "cpu" and facts.max_running_requests == 2048
+        info = parse_server_info(json.loads((REAL / f"server_info_{role}.json").read_text()))
+        # context_length is the flag (null: the model's own), the pool and max input are resolved
+        assert (info.max_total_num_tokens, info.max_req_input_len, info.context_length) == (8192, 2042, None)
+        pool = read_pool_metrics((REAL / f"metrics_{role}.txt").read_text())
+        assert (pool.max_total_num_tokens, pool.context_len, pool.page_size, pool.engine_types) == (8192, 2048, 1, (role,))
+    assert parse_models(json.loads((REAL / "models.json").read_text())).max_model_len == 2048
+
+
+def test_real_0_5_23_loads_nest_counters_per_dp_rank() -> None:
+    for role in ("prefill", "decode"):
+        loads = json.loads((REAL / f"loads_{role}_idle.json").read_text())
+        assert set(loads) >= {"version", "loads"} and "num_running_reqs" not in loads  # not at the top level
+        (rank,) = loads["loads"]
+        assert rank["dp_rank"] == 0 and rank["disaggregation"]["mode"] == role
+        assert rank["num_used_tokens"] == 0 and rank["max_total_num_tokens"] == 8192
+        assert "quarantined_tokens" not in rank  # held-back pages are a request gauge in /metrics only
+
+
+def test_real_0_5_23_fault_lines_and_counters_match_the_dialect() -> None:
+    decode_lines = (REAL / "decode_fault_lines.log").read_text().splitlines()
+    timeouts = [line for line in decode_lines if re.search(SGLANG.transfer_timeout_log, line)]
+    assert len(timeouts) >= 3  # the heartbeat's lost connection and the waiting timeout
+    for role in ("prefill", "decode"):
+        text = (REAL / f"metrics_{role}_after_faults.txt").read_text()
+        names = {s.name for s in parse_prometheus_text(text)}
+        assert set(SGLANG.transfer_failure_metrics) <= names and set(SGLANG.aborted_metrics) <= names
+        assert set(SGLANG.held_back_metrics) <= names
+        # Counters appear only once they count: the idle recording has none of them.
+        idle = {s.name for s in parse_prometheus_text((REAL / f"metrics_{role}.txt").read_text())}
+        assert not set(SGLANG.transfer_failure_metrics) & idle

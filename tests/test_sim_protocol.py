@@ -27,7 +27,7 @@ from chaos.targets.sim.tokenizer import EOS_ID, tokenize
 
 DEFAULT_MAX = 128
 
-# The bodies the real sglang-router 0.3.2 sent to both workers (components.md §3 "Requests").
+# The bodies the real sglang-router 0.3.2 sent to both workers (logged by stub workers).
 ROUTER_GENERATE = b"""{"text": "Hello world", "model": null, "sampling_params": {"temperature": 0.0, "max_new_tokens": 4},
  "return_text_in_logprobs": false, "stream": false, "log_metrics": true, "return_hidden_states": false,
  "background": false, "no_logs": false, "return_bytes": false, "return_entropy": false,

@@ -40,7 +40,7 @@ class RecordingSink:
     def on_done(self, room: int, done: Done) -> None:
         self.events.append(("done", room, done))
 
-    def on_aborted(self, room: int) -> None:
+    def on_aborted(self, room: int, reason: str = "") -> None:
         self.events.append(("aborted", room))
 
     def on_stream_closed(self, room: int, terminated: bool) -> None:

@@ -15,7 +15,7 @@ from chaos.journal import Outcome
 from loadprofiles.recorder import Observed, Sent, build_record, judge
 from loadprofiles.sse import ParsedResponse, ResponseReader, parse_body
 
-ROUTER_ERROR_BODY = b"""data: {'error': {"message":{"error":{"message"""  # components.md 3, verbatim
+ROUTER_ERROR_BODY = b"""data: {'error': {"message":{"error":{"message"""  # sglang-router 0.3.2's, verbatim
 
 
 def sse(*payloads: object, done: bool = True) -> bytes:

@@ -1,5 +1,5 @@
-"""Tenant isolation (bug-zoo K9): the two-sample KS test, the oracle's rules on hand-written
-records, and the tenant probe against the embedded engine, clean (PASS), with
+"""Tenant isolation (bug class K9, docs/architecture.md): the two-sample KS test, the oracle's
+rules on hand-written records, and the tenant probe against the embedded engine, clean (PASS), with
 `prefix_cache_shared_across_tenants` (FAIL by telemetry and by timing) and with prompts too short
 to fill a cache page (no reuse at all: INCONCLUSIVE, never a PASS)."""
 
@@ -261,6 +261,25 @@ def test_controls_that_report_hits_make_the_telemetry_untrustworthy(journal: Jou
     result = evaluate(journal, records)
     assert result.verdict is Verdict.INCONCLUSIVE
     assert any("never sent before report cached tokens" in s for s in summaries(result, Verdict.INCONCLUSIVE))
+
+
+def test_the_attackers_own_opening_is_discounted_but_not_more(journal: Journal, tmp_path: Path) -> None:
+    """SGLang's radix cache (page size 1) serves the run's marker opening, which every tenant
+    prompt starts with, from the attacker's own earlier prompts: guesses and controls alike report
+    about 9 cached tokens. That is no cross-tenant hit; a guess reusing more than its controls is."""
+    records = rounds(12)
+    for r in records:
+        if r.actor in (ATTACKER_GUESS, ATTACKER_CONTROL):
+            r.cached_tokens = 9
+    result = evaluate(journal, records)
+    assert result.verdict is Verdict.PASS, result
+    assert any("controls report up to 9 cached token(s)" in n for n in result.notes)
+
+    records[2].cached_tokens = 200  # round 0's guess reuses the victim's prefix beyond the opening
+    with Journal.create(tmp_path / "leaky") as leaky:
+        result = evaluate(leaky, records)
+    assert result.verdict is Verdict.FAIL
+    assert any("reused 200 cached token(s)" in s for s in summaries(result, Verdict.FAIL))
 
 
 def test_registry_names_the_oracle(journal: Journal) -> None:

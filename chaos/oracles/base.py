@@ -47,6 +47,13 @@ class OracleContext:
     def requests(self) -> list[RequestRecord]:
         return list(self.journal.iter_requests())
 
+    @cached_property
+    def limits(self) -> dict[str, Any]:
+        """The target's limits the run discovered (`context_length`, `max_total_num_tokens`,
+        `max_req_input_len`; meta `limits`), empty for a journal that has none."""
+        value = self.journal.get_meta("limits", {})
+        return value if isinstance(value, dict) else {}
+
     def windows_at(self, t: float | None) -> list[str]:
         return active_windows(self.windows, t)
 

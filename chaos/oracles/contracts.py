@@ -1,7 +1,7 @@
 """Response-contract oracles: the status and finish reason (K7 status), and the usage counts.
 
-A 200 with a fluent answer is not success (DESIGN.md). These oracles hold every response to the
-contract a client relies on (bug-zoo K7 and O6; sglang-facts.md §2):
+A 200 with a fluent answer is not success (README.md). These oracles hold every response to the
+contract a client relies on (bug class K7, docs/architecture.md; SGLang's http_server.py):
 
 Status contract (`status`):
 * an over-length prompt (`user_kind == "over_length"`) must be rejected with a 4xx, or, on a stream
@@ -14,9 +14,11 @@ Status contract (`status`):
 * a 200 whose finish reason is `length` must carry `max_tokens` completion tokens: fewer is a
   failure reported as success (K7, SGLang #33507: an abort mid-transfer came back as 200
   `length`). For an `aborting` request the finding says so. Needs `completion_tokens` and
-  `max_tokens`; a record without them (a stream without usage) is not judged. Assumes the target
-  rejects a prompt whose prompt + max_tokens exceed the context (SGLang and vLLM both do), so a
-  `length` finish means the token limit was reached.
+  `max_tokens`; a record without them (a stream without usage) is not judged. A `length` finish
+  also means the context window was reached: SGLang caps `max_new_tokens` at `context_len - 2 -
+  prompt` (`python/sglang/srt/managers/scheduler.py`), so a reply whose prompt and completion fill
+  the context to within `CONTEXT_RESERVE` tokens is consistent (the context length is the run's
+  `limits` meta).
 
 Usage contract (`usage`), over 200 responses; a missing count (None) is not checked:
 * counts are non-negative; `cached_tokens <= prompt_tokens`;
@@ -38,6 +40,7 @@ from chaos.verdict import Finding, OracleResult, Verdict
 
 OVER_LENGTH_KIND = "over_length"
 ABORTING_KIND = "aborting"
+CONTEXT_RESERVE = 2  # tokens SGLang keeps free at the end of the context window
 BASELINE_PHASE = "baseline"
 ROUTER_LOST_WORKER = (502, 503, 504)  # the router lost, or has no healthy, worker
 MAX_FINDINGS_PER_RULE = 50
@@ -84,6 +87,7 @@ class StatusContractOracle:
         notes: list[str] = []
         checked = 0
         not_judged: Counter[str] = Counter()
+        context = ctx.limits.get("context_length")
         for record in ctx.requests:
             judged = False
             failed_over_length = False
@@ -94,7 +98,7 @@ class StatusContractOracle:
                     failed_over_length = result == "fail"
                 elif result:
                     not_judged[result] += 1
-            if not failed_over_length and self._short_length(record, out):
+            if not failed_over_length and self._short_length(record, context, out):
                 judged = True
             checked += judged
         for why, count in sorted(not_judged.items()):
@@ -138,14 +142,18 @@ class StatusContractOracle:
                 anomaly=anomaly[:300], text_excerpt=record.response_text[:120])
         return "fail"
 
-    def _short_length(self, record: RequestRecord, out: _Collector) -> bool:
-        """Judge 'a 200 `length` carries max_tokens tokens'; True when the record could be judged."""
+    def _short_length(self, record: RequestRecord, context: int | None, out: _Collector) -> bool:
+        """Judge 'a 200 `length` carries max_tokens tokens, or fills the context'; True when the
+        record could be judged."""
         if record.status != 200 or record.finish_reason != "length":
             return False
         if record.completion_tokens is None or record.max_tokens is None:
             return False
         if record.completion_tokens >= record.max_tokens:
             return True
+        if context and record.prompt_tokens is not None and \
+                record.prompt_tokens + record.completion_tokens >= context - CONTEXT_RESERVE:
+            return True  # the context window was reached before max_tokens
         what = ("an aborted request was reported as a success" if record.user_kind == ABORTING_KIND
                 else "a short output was reported as reaching the token limit")
         out.add("length_short", Verdict.FAIL, record,

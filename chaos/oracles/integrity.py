@@ -1,6 +1,6 @@
 """The engine-integrity oracle: what the engine itself says about corruption and failed transfers.
 
-Logs (`ctx.logs`, role -> text) are scanned line by line (sglang-facts.md §3):
+Logs (`ctx.logs`, role -> text) are scanned line by line (SGLang's lines: docs/real-sglang.md):
 
 * **Corruption signals** are FAIL, each with its line, role, bootstrap room and the request when
   the line names a `rid` the journal knows: `kv_canary violation`, `Context corruption detected`
@@ -8,7 +8,8 @@ Logs (`ctx.logs`, role -> text) are scanned line by line (sglang-facts.md §3):
   embedded engine logs `KV checksum mismatch for bootstrap_room=R`), `Metadata corruption
   detected`, and vLLM's `Potentially invalid KV blocks for unrecognized request ... were
   retrieved by a decode worker` (prefill had freed a request's blocks when its KV lease expired,
-  and a decode read them afterwards: a read after free, K1 in bug-zoo.md). An engine that detects corruption and aborts the request has still had its KV
+  and a decode read them afterwards: a read after free, bug class K1 in docs/architecture.md). An
+  engine that detects corruption and aborts the request has still had its KV
   overwritten: the run must not pass. One finding per (role, signal, room); repeats are counted.
 * **Transfer-failure signals** (`KVTransferError(bootstrap_room=`, `Failed to send kv chunk`,
   `Failed to get kvcache from prefill instance`, `Lost connection with prefill instance`, the
@@ -18,7 +19,7 @@ Logs (`ctx.logs`, role -> text) are scanned line by line (sglang-facts.md §3):
   consequence of transfer faults: never FAIL, never INCONCLUSIVE. They are reported in the notes
   with counts per role and signal, and how many fell inside a fault window (including its
   aftershock). Failures outside every window are called out as unexplained in a note: on a
-  fault-free run they are spurious aborts (bug-zoo §3 caveats, SGLang #27374) worth a look, but
+  fault-free run they are spurious aborts (as in SGLang PR #27374) worth a look, but
   the client-visible consequence (a 5xx, a hang) is for the status and liveness oracles to judge.
 
 A log line's time is its `[YYYY-mm-dd HH:MM:SS ...]` header in local time with one-second

@@ -1,6 +1,6 @@
 """The liveness oracle: nothing hangs, and the engine is back where it started after the load.
 
-Requests (bug-zoo K8 / O8c): every request that was sent ends within
+Requests (bug class K8, docs/architecture.md): every request that was sent ends within
 `settings.request_deadline_s` of `t_send`. No `t_end` at all, or a later one, is FAIL (a hang:
 a transfer state machine with no terminal state, a reclaim that waits for a signal that never
 comes). Not judged: requests never sent (`t_send` is None) and requests with no end because the
@@ -8,21 +8,25 @@ load stopped under them (`error_class == "load_stopped"`). A request the *client
 (`error_class == "timeout"`) before the deadline proves neither: INCONCLUSIVE (the load's request
 timeout is shorter than the deadline, so a hang cannot be told from a slow answer).
 
-Quiescence (O8 accounting): the runner journals `probe/loads` snapshots of each worker's
+Quiescence (pool accounting): the runner journals `probe/loads` snapshots of each worker's
 `/v1/loads`, `{"role", "phase": "idle_before"|"after_drain", "data"}`. Every `after_drain`
 snapshot must show, on that role,
 * every `*_reqs` counter of `disaggregation`, `num_running_reqs` and `num_waiting_reqs` at 0;
 * `num_used_tokens`, and `quarantined_tokens` where the engine reports it, no higher than in the
-  latest `idle_before` snapshot of the same role (pages that never came back are a leak, B02/B25).
+  latest `idle_before` snapshot of the same role (pages that never came back are a leak, bug class K8).
 A breach is FAIL with the numbers. `data` may be one object or a list of per-rank objects (DP);
 ranks are paired by position. No `after_drain` snapshot at all, or none of a role's baseline to
 compare the token counts with, is INCONCLUSIVE with a note.
 
 Idle moments (the same accounting while the run goes on): the runner also samples `/v1/loads`
-during the load (phase "during"). A sample whose request counters are all 0 is an idle moment of
-that role, as in a lull of the load (`load.stages` with 0 users). There the tokens in use, less
-those held back on purpose (`quarantined_tokens`: a deferred release that is still waiting), must
-be no more than in `idle_before`. An excess seen at two successive samples of the role, both idle
+during the load (phase "during"). A sample whose request counters (and `num_active_tokens`, a
+forward pass under way) are all 0 is an idle moment of that role, as in a lull of the load
+(`load.stages` with 0 users). There the tokens in use, less those held back on purpose
+(`quarantined_tokens`: a deferred release that is still waiting), must be no more than in
+`idle_before`. An engine that counts its held-back requests only in `/metrics` (SGLang's deferred
+decode-side release, PR #35049: the dialect's `held_back_metrics`) has them journaled beside the
+sample as `held_back_reqs`; such a sample is not an idle moment, and after the drain an excess
+with requests still held back is INCONCLUSIVE, not FAIL. An excess seen at two successive samples of the role, both idle
 and by the same count, is FAIL: pages leaked, found tens of seconds before the drain. One sample
 proves nothing: a request between two queues (in a forward pass) can hold pages for an instant.
 
@@ -49,6 +53,8 @@ DURING = "during"
 AFTER_DRAIN = "after_drain"
 QUEUE_KEYS = ("num_running_reqs", "num_waiting_reqs")
 TOKEN_KEYS = ("num_used_tokens", "quarantined_tokens")
+ACTIVE_TOKENS = "num_active_tokens"
+HELD_BACK = "held_back_reqs"  # the runner's reading of the dialect's held-back gauges, beside `data`
 MAX_REQUEST_FINDINGS = 100
 VLLM_QUEUES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 VLLM_USAGE = "vllm:kv_cache_usage_perc"
@@ -58,8 +64,13 @@ def _first(labels: list[str]) -> str | None:
     return labels[0] if labels else None
 
 
-def _ranks(data: Any) -> list[Mapping[str, Any]]:
+def loads_ranks(data: Any) -> list[Mapping[str, Any]]:
+    """The per-rank objects of a `/v1/loads` answer: one object, a list of them (DP), or real
+    SGLang's `{"loads": [{"dp_rank": ..., ...}], ...}`."""
     if isinstance(data, Mapping):
+        nested = data.get("loads")
+        if isinstance(nested, list):
+            return [d for d in nested if isinstance(d, Mapping)]
         return [data]
     if isinstance(data, list):
         return [d for d in data if isinstance(d, Mapping)]
@@ -85,7 +96,19 @@ def queue_counts(rank: Mapping[str, Any]) -> dict[str, float]:
             value = _number(raw)
             if key.endswith("_reqs") and value is not None:
                 counts[f"disaggregation.{key}"] = value
+    queues = rank.get("queues")  # SGLang 0.5.23: waiting, grammar, paused, retracted, prealloc_ready
+    if isinstance(queues, Mapping):
+        for key, raw in queues.items():
+            value = _number(raw)
+            if value is not None:
+                counts[f"queues.{key}"] = value
     return counts
+
+
+def busy(rank: Mapping[str, Any]) -> bool:
+    """A request in a queue, or tokens in a forward pass: a PD prefill does not count the request
+    of its running forward as running (`num_running_reqs` 0), only its `num_active_tokens`."""
+    return any(queue_counts(rank).values()) or bool(_number(rank.get(ACTIVE_TOKENS)))
 
 
 class LivenessOracle:
@@ -97,7 +120,28 @@ class LivenessOracle:
         checked = self._requests(ctx, findings, notes)
         checked += self._quiescence(ctx, findings, notes)
         checked += self._idle_moments(ctx, findings, notes)
+        checked += self._wedged(ctx, findings)
         return OracleResult.from_findings(self.name, checked, findings, notes)
+
+    def _wedged(self, ctx: OracleContext, findings: list[Finding]) -> int:
+        """The runner's progress watchdog saw the target stop answering with requests queued."""
+        checked = 0
+        for data in ctx.snapshots("wedged"):
+            checked += 1
+            queued = data.get("queued") if isinstance(data.get("queued"), Mapping) else {}
+            pools = []
+            for role, loads in sorted((data.get("loads") or {}).items()):
+                for rank in loads_ranks(loads):
+                    used, total = _number(rank.get("num_used_tokens")), _number(rank.get("max_total_num_tokens"))
+                    if used is not None and total:
+                        pools.append(f"{role} pool {used:.0f}/{total:.0f} tokens in use ({100 * used / total:.0f} %)")
+            findings.append(Finding(self.name, Verdict.FAIL,
+                                    f"the target stopped making progress: no request generated anything for {data.get('quiet_s')} s while "
+                                    f"requests were queued ({', '.join(f'{k} {v}' for k, v in sorted(queued.items()))})"
+                                    + (f"; {'; '.join(pools)}" if pools else "")
+                                    + ": requests that never complete (pages not returned, or a handoff with no end)",
+                                    evidence=dict(data)))
+        return checked
 
     # ------------------------------------------------------------------------------ requests ----
 
@@ -161,14 +205,15 @@ class LivenessOracle:
         checked = 0
         drained = 0
         for snapshot in ctx.snapshots("loads"):
-            role, phase, ranks = snapshot.get("role"), snapshot.get("phase"), _ranks(snapshot.get("data"))
+            role, phase, ranks = snapshot.get("role"), snapshot.get("phase"), loads_ranks(snapshot.get("data"))
             if not isinstance(role, str) or not ranks:
                 continue
             if phase == IDLE_BEFORE:
                 idle[role] = list(ranks)
             elif phase == AFTER_DRAIN:
                 drained += 1
-                checked += self._judge_drain(ctx, role, ranks, idle.get(role), findings, notes)
+                held = _number(snapshot.get(HELD_BACK)) or 0.0
+                checked += self._judge_drain(ctx, role, ranks, idle.get(role), held, findings, notes)
         if drained == 0:
             judged = self._quiescence_from_metrics(ctx, findings, notes)
             if judged:
@@ -218,11 +263,21 @@ class LivenessOracle:
         return checked
 
     def _judge_drain(self, ctx: OracleContext, role: str, ranks: list[Mapping[str, Any]],
-                     before: list[Mapping[str, Any]] | None, findings: list[Finding], notes: list[str]) -> int:
+                     before: list[Mapping[str, Any]] | None, held: float,
+                     findings: list[Finding], notes: list[str]) -> int:
         checked = 0
         for index, rank in enumerate(ranks):
             where = role if len(ranks) == 1 else f"{role} rank {index}"
             queues = queue_counts(rank)
+            if not queues and not any(_number(rank.get(k)) is not None for k in TOKEN_KEYS):
+                # A shape this oracle cannot read proves nothing: never a silent PASS.
+                findings.append(Finding(
+                    self.name, Verdict.INCONCLUSIVE,
+                    f"{where}: the after-drain /v1/loads answer has no request or token counter this oracle reads "
+                    f"(keys: {', '.join(sorted(map(str, rank))[:12]) or 'none'}): queue drain and page return not verified",
+                    evidence={"role": role, "rank": index, "after_drain": dict(rank)},
+                ))
+                continue
             if queues:
                 checked += 1
             stuck = {k: v for k, v in queues.items() if v != 0}
@@ -248,7 +303,15 @@ class LivenessOracle:
                     notes.append(f"quiescence: {where} reports {key} only after the load: not compared")
                     continue
                 checked += 1
-                if now > was:
+                if now > was and held:
+                    findings.append(Finding(
+                        self.name, Verdict.INCONCLUSIVE,
+                        f"{where}: {key} is {now:g} after the load drained, {was:g} before it, while the engine "
+                        f"still holds {held:g} request(s) back on purpose (deferred KV release): page return not verified",
+                        evidence={"role": role, "rank": index, "key": key, "idle_before": was, "after_drain": now,
+                                  HELD_BACK: held},
+                    ))
+                elif now > was:
                     findings.append(Finding(
                         self.name, Verdict.FAIL,
                         f"{where}: {key} is {now:g} after the load drained, {was:g} before it: "
@@ -270,7 +333,7 @@ class LivenessOracle:
         idle_samples: Counter[str] = Counter()
         leaked: set[str] = set()
         for t, snapshot in ctx.timed_snapshots("loads"):
-            role, phase, ranks = snapshot.get("role"), snapshot.get("phase"), _ranks(snapshot.get("data"))
+            role, phase, ranks = snapshot.get("role"), snapshot.get("phase"), loads_ranks(snapshot.get("data"))
             if not isinstance(role, str) or not ranks:
                 continue
             if phase == IDLE_BEFORE:
@@ -281,7 +344,7 @@ class LivenessOracle:
             for index, rank in enumerate(ranks):
                 key = (role, index)
                 base = baseline[role][index] if index < len(baseline[role]) else None
-                excess = _idle_excess(rank, base)
+                excess = None if _number(snapshot.get(HELD_BACK)) else _idle_excess(rank, base)
                 if excess is not None:
                     idle_samples[role] += 1
                 last, previous[key] = previous.get(key), None if excess is None else (t, excess)
@@ -307,9 +370,8 @@ class LivenessOracle:
 
 def _idle_excess(rank: Mapping[str, Any], base: Mapping[str, Any] | None) -> float | None:
     """Tokens in use beyond the idle baseline, net of quarantine; None when the rank is not idle
-    (a request counter above 0) or the numbers are missing."""
-    counts = queue_counts(rank)
-    if not counts or any(counts.values()) or base is None:
+    (a request counter above 0, a forward pass under way) or the numbers are missing."""
+    if not queue_counts(rank) or busy(rank) or base is None:
         return None
     used, was = _number(rank.get("num_used_tokens")), _number(base.get("num_used_tokens"))
     if used is None or was is None:

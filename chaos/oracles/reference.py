@@ -6,7 +6,7 @@ back 200 and finished must reproduce the baseline:
 
 * exactly, when `settings.reference_exact` (the embedded engine, engines in a deterministic mode);
 * else on the first `settings.reference_prefix_tokens` whitespace tokens (real engines drift by an
-  ULP here and there and may diverge late; bug-zoo §3, O2).
+  ULP here and there and may diverge late; e.g. TensorRT-LLM #15503).
 
 Mismatches are then counted against the replays checked: the run FAILs when the mismatch rate is
 above `settings.reference_max_mismatch_rate` (0 on the embedded engine; for a real engine, the rate
@@ -18,9 +18,9 @@ reference as far as it got: its text must be a prefix of the reference. A replay
 as checked.
 
 What cannot be judged is INCONCLUSIVE, per probe: no baseline, or no 200 baseline. Repeated
-baselines of one probe that disagree are INCONCLUSIVE (DESIGN.md "Verdict": the clean baseline did
+baselines of one probe that disagree are INCONCLUSIVE (docs/architecture.md, "Decisions": the clean baseline did
 not reproduce) unless the campaign asserts exact determinism: then they are a FAIL, since an
-isolated greedy request that changes read KV it did not write (bug-zoo K2, B21).
+isolated greedy request that changes read KV it did not write (bug class K2, e.g. vLLM #31210).
 Baselines sent with a different `max_tokens` than a replay are compared on their common part:
 the shorter output must be a prefix of the longer.
 """

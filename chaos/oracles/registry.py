@@ -1,4 +1,4 @@
-"""Every oracle by name, and the default set a run evaluates (DESIGN.md, "Oracles").
+"""Every oracle by name, and the default set a run evaluates (docs/architecture.md, "Oracles").
 
 The pool preflight (pool >= context on every node) runs before the load (`chaos/preflight.py`)
 and is not an oracle over the journal, so it is not listed here.

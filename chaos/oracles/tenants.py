@@ -1,4 +1,4 @@
-"""Tenant isolation of the prefix cache (bug-zoo K9, B29; oracle toolkit O5 and O7b).
+"""Tenant isolation of the prefix cache (bug class K9, docs/architecture.md; vLLM CVE-2025-46570).
 
 The evidence is the tenant probe's records (`chaos/tenant_probe.py`: `user_kind ==
 "tenant_probe"`, sent one at a time with no load). Each round, a victim tenant (salt A) sends a
@@ -33,8 +33,11 @@ no tenant records is INCONCLUSIVE ("tenant probe not run"); (a) not shown is INC
 a timing test that could not reach significance even at D+ = 1 (too few usable guesses or
 controls). Otherwise PASS, with the KS statistics in the notes. When the positive control rests on
 `cached_tokens` alone (same-tenant hits were not visible in TTFT either), the notes say that the
-timing comparison had no power at this resolution. A control reporting cached tokens (a prompt
-never sent before) makes the telemetry untrustworthy: INCONCLUSIVE finding.
+timing comparison had no power at this resolution. Every tenant prompt opens with the run's marker
+prefix: a radix cache that matches single tokens (SGLang with page size 1) serves those few tokens
+from the attacker's own earlier prompts, and its controls report them. Up to
+`OWN_OPENING_MAX_TOKENS`, what the controls report is discounted from every guess; a control
+reporting more (a prompt never sent before) makes the telemetry untrustworthy: INCONCLUSIVE finding.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ ATTACKER_CONTROL = "attacker_control"
 ROLES = (VICTIM, VICTIM_REPEAT, ATTACKER_GUESS, ATTACKER_CONTROL)
 DEFAULT_ALPHA = 0.01
 HIT_SAVING_FRACTION = 0.25  # a side channel must show at least this share of a same-tenant hit's saving
+OWN_OPENING_MAX_TOKENS = 16  # the most a control may share with the attacker's own earlier prompts
 FALLBACK_MARGIN = 0.05  # ... or, with no timing-visible hit to measure, this share of the controls' median
 
 
@@ -216,10 +220,18 @@ class TenantIsolationOracle:
         notes += [f"{count} tenant record(s) with an unknown role {actor!r} ignored" for actor, count in unknown.items()]
         findings: list[Finding] = []
 
-        # (b) the engine's own telemetry: a cross-tenant cache hit.
+        # (b) the engine's own telemetry: a cross-tenant cache hit. The attacker's own opening (the
+        # run's marker prefix, which every tenant prompt starts with) is cached under its own salt
+        # by a token-granular radix cache: what its never-sent controls report, up to
+        # OWN_OPENING_MAX_TOKENS, is not the victim's.
         victims = {r.request_index: r for r in by_role[VICTIM]}
+        control_hits = [r.cached_tokens for r in by_role[ATTACKER_CONTROL] if r.status == 200 and r.cached_tokens]
+        own = max(control_hits, default=0) if max(control_hits, default=0) <= OWN_OPENING_MAX_TOKENS else 0
+        if own:
+            notes.append(f"the attacker's controls report up to {own} cached token(s): its own opening, "
+                         f"discounted from every guess")
         for guess in by_role[ATTACKER_GUESS]:
-            if guess.status == 200 and guess.cached_tokens:
+            if guess.status == 200 and guess.cached_tokens and guess.cached_tokens > own:
                 victim = victims.get(guess.request_index)
                 faults = ctx.windows_at(guess.t_send)
                 findings.append(Finding(
@@ -231,7 +243,7 @@ class TenantIsolationOracle:
                     evidence={"cached_tokens": guess.cached_tokens, "prompt_tokens": guess.prompt_tokens,
                               "ttft_s": ttft(guess), "faults_active": faults},
                 ))
-        bogus = [r for r in by_role[ATTACKER_CONTROL] if r.status == 200 and r.cached_tokens]
+        bogus = [r for r in by_role[ATTACKER_CONTROL] if r.status == 200 and (r.cached_tokens or 0) > OWN_OPENING_MAX_TOKENS]
         if bogus:
             findings.append(Finding(
                 self.name, Verdict.INCONCLUSIVE,

@@ -1,6 +1,6 @@
 """The timing tell: a response faster than the engine can prefill its prompt skipped the work.
 
-The incident's tell (bug-zoo K3 / O7a, SGLang #30233): a prompt the prefill side rejected was
+The incident's tell (bug class K3, SGLang #30233): a prompt the prefill side rejected was
 handed off as a one-token stub, so the client got a 200 about as fast as a one-token prefill,
 though its prompt was thousands of tokens long. Load only slows a request down (queueing,
 batching), so a response well below the *isolated* prefill time is a tell under any load.

@@ -1,4 +1,4 @@
-"""The Target contract: a PD deployment the suite can talk to and act on (DESIGN.md, "Target")."""
+"""The Target contract: a PD deployment the suite can talk to and act on (docs/architecture.md, "Target")."""
 
 from __future__ import annotations
 

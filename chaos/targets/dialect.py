@@ -66,7 +66,7 @@ def models_max_len(url: str) -> int | None:
 
 
 class EngineDialect:
-    """SGLang's formats (sglang-facts.md); other engines subclass and override what differs."""
+    """SGLang's formats (docs/real-sglang.md); other engines subclass and override what differs."""
 
     name = "sglang"
     # Counters a worker keeps of KV transfers that failed (on either side of the handoff).
@@ -80,6 +80,12 @@ class EngineDialect:
     server_info_path: str | None = "/server_info"  # GET: versions, flags and limits
     request_api = "sglang"  # how faults send requests: SGLang's /generate, or "openai" (/v1/completions)
     aborted_log: str | None = None  # a log line per aborted request, where no counter says it
+    # Requests whose KV pages the engine holds back on purpose after a failed transfer, until the
+    # peer confirms the transfer drained (or a timeout): SGLang's deferred decode-side release
+    # (PR #35049, on by default in 0.5.23, SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE). Real
+    # SGLang counts them only here, in requests, not in /v1/loads: an idle moment with such
+    # requests is not a leak (docs/sglang-cpu-tier.md).
+    held_back_metrics: tuple[str, ...] = ("sglang:num_decode_deferred_kv_release_reqs",)
 
     def limits(self, url: str) -> WorkerLimits:
         info = get_json(f"{url}/server_info")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import httpx
 
 from chaos.facts import parse_models, parse_server_info
@@ -36,3 +39,25 @@ def discover_facts(base_url: str, abort_urls: tuple[str, ...] = (), timeout_s: f
             break
     return TargetFacts(model=model, api=api, context_length=context, max_total_num_tokens=pool,
                        max_req_input_len=max_input, abort_urls=abort_urls)
+
+
+def served_adapters(infos: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...] | None:
+    """The LoRA adapter names every worker serves, from SGLang's `/server_info` (`lora_paths`:
+    `name=path` strings, `{name: path}`, or `{"lora_name": ...}` entries); `()` when a worker says
+    LoRA is off (`enable_lora` false or null, no `lora_paths`); None when no worker says either way."""
+    served: list[set[str]] | None = None
+    for info in infos.values():
+        if "lora_paths" not in info and "enable_lora" not in info:
+            continue
+        raw = info.get("lora_paths") or ()
+        entries = raw.items() if isinstance(raw, Mapping) else ((e, None) for e in raw) if isinstance(raw, list) else ()
+        names = set()
+        for entry, _ in entries:
+            if isinstance(entry, Mapping):
+                entry = entry.get("lora_name") or entry.get("name")
+            if isinstance(entry, str) and entry:
+                names.add(entry.split("=", 1)[0].strip())
+        served = (served or []) + [names]
+    if served is None:
+        return None
+    return tuple(sorted(set.intersection(*served)))

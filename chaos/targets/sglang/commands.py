@@ -1,4 +1,4 @@
-"""From resolved settings to the exact SGLang command lines and environments (sglang-facts.md §1, §4).
+"""From resolved settings to the exact SGLang command lines and environments (SGLang's `server_args.py`, `environ.py`).
 
 Pure functions, no I/O: `pdchaos plan` prints what they build, the stack launches the same thing,
 and the tests check every flag against SGLang's names without a GPU.
@@ -57,19 +57,41 @@ def server_command(s: WorkerSettings) -> list[str]:
         ("--enable-deterministic-inference", s.deterministic),
         ("--disaggregation-enable-kv-checksum", s.kv_checksum),
         ("--enable-metrics", s.enable_metrics),
+        ("--enable-cache-report", s.cache_report),
         ("--trust-remote-code", s.trust_remote_code),
     ]
     argv += [flag for flag, on in switches if on]
+    if s.device == "cpu":
+        argv += cpu_flags(s.role)
     return argv + list(s.extra_args)
 
 
+def cpu_flags(role: str) -> list[str]:
+    """What SGLang needs on CPUs (docs/sglang-cpu-tier.md): no overlap scheduler and no CUDA graph
+    (both CUDA streams), and on decode a retraction backup in plain tensors (the default pinned
+    host pool registers CUDA host memory, which fails without a driver)."""
+    flags = ["--device", "cpu", "--disable-overlap-schedule", "--disable-cuda-graph"]
+    if role == "decode":
+        flags += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    return flags
+
+
 def server_env(s: WorkerSettings) -> dict[str, str]:
-    """What the server's environment adds to the inherited one: its GPUs, the transfer timeouts, its env."""
-    env = {
-        # PCI order, so GPU ids mean what NVML and nvidia-smi (and the GPU inventory) call them.
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in s.gpu_ids),
-    }
+    """What the server's environment adds to the inherited one: its GPUs (or the CPU tier's
+    switches), the transfer timeouts, its env."""
+    if s.device == "cpu":
+        env = {
+            "SGLANG_USE_CPU_ENGINE": "1",  # SGLang's CPU code paths (utils/common.py is_cpu)
+            "SGLANG_HOST_IP": s.host,  # else Mooncake advertises the first interface's address
+            "LD_LIBRARY_PATH": s.native_libs or "",  # Mooncake links libibverbs even over TCP
+            "HF_HUB_OFFLINE": "1",
+        }
+    else:
+        env = {
+            # PCI order, so GPU ids mean what NVML and nvidia-smi (and the GPU inventory) call them.
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in s.gpu_ids),
+        }
     timeouts = ((BOOTSTRAP_TIMEOUT_ENV, s.bootstrap_timeout_s), (WAITING_TIMEOUT_ENV, s.waiting_timeout_s),
                 (HEARTBEAT_INTERVAL_ENV, s.heartbeat_interval_s), (HEARTBEAT_MAX_FAILURE_ENV, s.heartbeat_max_failure))
     env.update({name: _number(value) for name, value in timeouts if value is not None})
@@ -81,6 +103,7 @@ def router_options(spec: SGLangRouterSpec) -> RouterOptions:
     return RouterOptions(
         retries=spec.retries, circuit_breaker=spec.circuit_breaker, policy=spec.policy,
         health_check_interval_s=spec.health_check_interval_s, health_failure_threshold=spec.health_failure_threshold,
+        health_check_timeout_s=spec.health_check_timeout_s,
         request_timeout_s=spec.request_timeout_s, max_retries=spec.max_retries, cb_failure_threshold=spec.cb_failure_threshold,
         extra_args=tuple(spec.extra_args),
     )

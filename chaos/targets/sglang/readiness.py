@@ -15,14 +15,25 @@ from chaos.targets.launcher import ProcessHandle
 
 REQUEST_TIMEOUT_S = 25.0  # over SGLang's 20 s health-check timeout
 INTERVAL_S = 1.0
+# uvicorn's line when the port it was given was taken between choosing it and binding it (a minute
+# of imports on a busy machine): whatever took it may answer /health in its place.
+BIND_FAILED = ("error while attempting to bind on address", "address already in use")
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind its port: start again on fresh ones."""
 
 
 def await_health(url: str, timeout_s: float, process: ProcessHandle) -> None:
-    """Return once `url` answers 200; RuntimeError with its log tail if `process` exits first."""
+    """Return once `url` answers 200; RuntimeError with its log tail if `process` exits first,
+    PortTaken if its log says it could not bind (checked first: another process may answer)."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
         while True:
+            tail = process.read_log()[-4000:]
+            if any(line in tail for line in BIND_FAILED):
+                raise PortTaken(f"{process.name} could not bind its port; its log ends:\n{tail[-1500:]}")
             if not process.alive():
                 raise RuntimeError(f"{process.name} exited with code {process.returncode} before {url} answered; "
                                    f"its log ends:\n{process.read_log()[-3000:]}")

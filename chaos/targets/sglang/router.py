@@ -3,8 +3,7 @@
 The embedded stack and the SGLang stack start the same router the same way, so its flags live here
 once. Retries and the circuit breaker are off by default: the router retries 5xx with a new pair
 and a new bootstrap room, and opens its breakers after repeated failures, so a transfer fault
-would be retried away or turned into 503s the suite never sees (sglang-facts.md §2,
-components.md §3).
+would be retried away or turned into 503s the suite never sees (docs/real-sglang.md).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ class RouterOptions:
     policy: str = "round_robin"
     health_check_interval_s: int = 5  # the router's own default is 60 s: a dead worker would go unseen for a minute
     health_failure_threshold: int = 2
+    health_check_timeout_s: int | None = None  # --health-check-timeout-secs (the router's default is 5 s)
     request_timeout_s: int = 1800
     max_retries: int | None = None  # --retry-max-retries, with retries on (the router's default is 5)
     cb_failure_threshold: int | None = None  # --cb-failure-threshold, with the breaker on (default 10)
@@ -46,6 +46,8 @@ def router_command(options: RouterOptions, port: int, metrics_port: int, prefill
         "--health-success-threshold", "1",
         "--request-timeout-secs", str(options.request_timeout_s),
     ]
+    if options.health_check_timeout_s is not None:
+        argv += ["--health-check-timeout-secs", str(options.health_check_timeout_s)]
     if not options.retries:
         argv.append("--disable-retries")
     elif options.max_retries is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from chaos.errors import TargetError
@@ -55,6 +56,7 @@ class WorkerSettings:
     kv_canary_sweep_interval: int | None = None
     kv_checksum: bool = False
     enable_metrics: bool = True
+    cache_report: bool = True
     trust_remote_code: bool = False
     bootstrap_timeout_s: int | None = None
     waiting_timeout_s: int | None = None
@@ -62,6 +64,8 @@ class WorkerSettings:
     heartbeat_max_failure: int | None = None
     env: dict[str, str] = field(default_factory=dict)  # the spec's env and the role's, or what a restart gave
     extra_args: tuple[str, ...] = ()
+    device: str = "cuda"  # "cpu": the CPU tier's flags and environment (commands.py)
+    native_libs: str | None = None  # the CPU tier's private libibverbs & co, for LD_LIBRARY_PATH
 
     @property
     def url(self) -> str:
@@ -69,7 +73,14 @@ class WorkerSettings:
 
 
 # Fields a restart may not change: the server must come back where everyone else expects it.
-FIXED_ON_RESTART = frozenset({"role", "host", "port", "bootstrap_port", "nccl_port"})
+FIXED_ON_RESTART = frozenset({"role", "host", "port", "bootstrap_port", "nccl_port", "device", "native_libs"})
+REPO = Path(__file__).resolve().parents[3]
+
+
+def cpu_venv(spec: SGLangSpec) -> Path:
+    """The CPU tier's venv (`make sglang-env`), absolute."""
+    venv = Path(spec.venv)
+    return venv if venv.is_absolute() else REPO / venv
 RESTARTABLE = frozenset(f.name for f in dataclasses.fields(WorkerSettings)) - FIXED_ON_RESTART
 
 
@@ -80,8 +91,14 @@ def worker_settings(spec: SGLangSpec, role: str, host: str, ports: Ports) -> Wor
         value = getattr(r, name)
         return value if value is not None else getattr(spec, name)
 
+    python, model_path, native_libs = spec.python or sys.executable, spec.model_path, None
+    if spec.device == "cpu":
+        venv = cpu_venv(spec)
+        python = spec.python or str(venv / "bin" / "python")
+        model_path = model_path or str(venv / "models" / "tiny-llama")
+        native_libs = str(venv / "native" / "lib")
     return WorkerSettings(
-        role=role, python=spec.python or sys.executable, model_path=spec.model_path, host=host,
+        role=role, python=python, model_path=model_path, host=host, device=spec.device, native_libs=native_libs,
         port=ports.prefill if role == "prefill" else ports.decode, bootstrap_port=ports.bootstrap,
         nccl_port=ports.prefill_nccl if role == "prefill" else ports.decode_nccl,
         gpu_ids=tuple(spec.gpu_ids_of(role)), tp_size=spec.tp_of(role), served_model_name=spec.served_model_name,
@@ -89,7 +106,8 @@ def worker_settings(spec: SGLangSpec, role: str, host: str, ports: Ports) -> Wor
         max_total_tokens=pick("max_total_tokens"), page_size=spec.page_size, transfer_backend=spec.transfer_backend,
         ib_device=spec.ib_device, deterministic=spec.deterministic, random_seed=spec.random_seed, kv_canary=spec.kv_canary,
         kv_canary_real_data=spec.kv_canary_real_data, kv_canary_sweep_interval=spec.kv_canary_sweep_interval,
-        kv_checksum=spec.kv_checksum, enable_metrics=spec.enable_metrics, trust_remote_code=spec.trust_remote_code,
+        kv_checksum=spec.kv_checksum, enable_metrics=spec.enable_metrics, cache_report=spec.cache_report,
+        trust_remote_code=spec.trust_remote_code,
         bootstrap_timeout_s=spec.bootstrap_timeout_s, waiting_timeout_s=spec.waiting_timeout_s,
         heartbeat_interval_s=spec.heartbeat_interval_s, heartbeat_max_failure=spec.heartbeat_max_failure,
         env={**spec.env, **r.env}, extra_args=(*spec.extra_args, *r.extra_args),

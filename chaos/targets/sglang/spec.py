@@ -1,4 +1,4 @@
-"""`target.sglang`: how to launch a real SGLang PD deployment (sglang-facts.md has every flag).
+"""`target.sglang`: how to launch a real SGLang PD deployment (SGLang's `server_args.py` has every flag).
 
 Settings at the top apply to both servers; `prefill:` and `decode:` override them for one role
 (the asymmetric pools of the incident are a per-role memory fraction or context length). Ports
@@ -8,7 +8,7 @@ launcher gives that node (loopback on one machine, the node's IP on a Ray cluste
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -16,6 +16,13 @@ from chaos.spec import Strict
 from chaos.targets.sglang.router import ROUTER_POLICIES
 
 TransferBackend = Literal["mooncake", "mooncake_tcp", "nixl"]
+Device = Literal["cuda", "cpu"]
+# The CPU tier (`make sglang-env`, docs/sglang-cpu-tier.md): where its venv is, and the pool and
+# memory fraction a CPU server gets when the campaign gives none (SGLang sizes a CPU pool from host
+# memory otherwise, gigabytes of it per server).
+CPU_VENV = ".venv-sglang"
+CPU_MAX_TOTAL_TOKENS = 8192
+CPU_MEM_FRACTION = 0.05
 Policy = Literal["random", "round_robin", "cache_aware", "power_of_two", "bucket", "manual", "consistent_hashing", "prefix_hash"]
 assert set(Policy.__args__) == set(ROUTER_POLICIES)  # type: ignore[attr-defined]
 
@@ -26,12 +33,14 @@ MANAGED_SERVER_FLAGS = frozenset({
     "--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
     "--disaggregation-ib-device", "--enable-deterministic-inference", "--random-seed", "--kv-canary",
     "--kv-canary-real-data", "--kv-canary-sweep-interval", "--disaggregation-enable-kv-checksum",
-    "--enable-metrics", "--trust-remote-code",
+    "--enable-metrics", "--trust-remote-code", "--device", "--disaggregation-decode-retraction-backup",
+    "--enable-cache-report",
 })
 MANAGED_ROUTER_FLAGS = frozenset({
     "--host", "--port", "--pd-disaggregation", "--prefill", "--decode", "--policy", "--prometheus-host",
     "--prometheus-port", "--disable-retries", "--disable-circuit-breaker", "--retry-max-retries",
     "--cb-failure-threshold", "--health-check-interval-secs", "--health-failure-threshold", "--request-timeout-secs",
+    "--health-check-timeout-secs",
 })
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
 
@@ -93,6 +102,10 @@ class SGLangRouterSpec(Strict):
     cb_failure_threshold: int | None = Field(None, ge=1, description="--cb-failure-threshold when the breaker is on (default 10)")
     health_check_interval_s: int = Field(5, ge=1, description="--health-check-interval-secs (router default 60)")
     health_failure_threshold: int = Field(2, ge=1, description="--health-failure-threshold")
+    health_check_timeout_s: int | None = Field(None, ge=1, description="--health-check-timeout-secs (router default 5 s). "
+                                                                       "SGLang's /health runs a 1-token generate that may "
+                                                                       "take up to 20 s on a busy server: a busy CPU worker "
+                                                                       "answers later than 5 s and is marked unhealthy")
     request_timeout_s: int = Field(1800, ge=1, description="--request-timeout-secs")
     env: dict[str, str] = Field(default_factory=dict, description="environment of the router")
     extra_args: list[str] = Field(default_factory=list, description="more launch_router flags")
@@ -111,9 +124,15 @@ class SGLangRouterSpec(Strict):
 class SGLangSpec(Strict):
     """A real SGLang PD deployment launched by pdchaos: prefill, decode (Mooncake or NIXL between them), the router."""
 
-    model_path: str = Field(description="--model-path of both servers (a local directory or a hub id)")
+    model_path: str = Field("", description="--model-path of both servers (a local directory or a hub id); with device "
+                                           "cpu it defaults to the tiny model `make sglang-env` builds in the venv")
     served_model_name: str | None = Field(None, description="--served-model-name (default: the model path)")
-    python: str | None = Field(None, description="Python that has sglang installed (default: the one running pdchaos)")
+    python: str | None = Field(None, description="Python that has sglang installed (default: the one running pdchaos; "
+                                                 "with device cpu, the venv's)")
+    device: Device = Field("cuda", description="cpu: the SGLang CPU tier made by `make sglang-env` (--device cpu, no overlap "
+                                               "schedule or CUDA graph, Mooncake over TCP, the venv's python and libraries; "
+                                               "docs/sglang-cpu-tier.md)")
+    venv: str = Field(CPU_VENV, description="with device cpu: the venv `make sglang-env` made, relative to the repo or absolute")
     host: str | None = Field(None, description="address of both servers (default: the launcher's for each role's node)")
     tp_size: int = Field(1, ge=1, description="--tp-size of both servers")
     mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="--mem-fraction-static: weights + KV pool as a "
@@ -138,6 +157,9 @@ class SGLangSpec(Strict):
     kv_checksum: bool = Field(False, description="--disaggregation-enable-kv-checksum: Adler-32 of every KV transfer, a mismatch "
                                                  "aborts with 500 (SGLang with PR #39500, after 2026-08-16)")
     enable_metrics: bool = Field(True, description="--enable-metrics: /metrics, which fault confirmations and the integrity oracle read")
+    cache_report: bool = Field(True, description="--enable-cache-report: the OpenAI routes report usage.prompt_tokens_details."
+                                                 "cached_tokens, which the tenant-isolation oracle reads (SGLang leaves it "
+                                                 "null without this flag; /generate reports it either way)")
     trust_remote_code: bool = Field(False, description="--trust-remote-code")
     bootstrap_timeout_s: int | None = Field(30, ge=1, description="SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (prefill waits this long "
                                                                   "for decode's KV indices). SGLang's default is 300 s; shortened so "
@@ -182,6 +204,10 @@ class SGLangSpec(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> SGLangSpec:
         _check_host(self.host, "")
+        if self.device == "cpu":
+            self._check_cpu()
+        elif not self.model_path:
+            raise ValueError("model_path is required (only device: cpu has a default, the tier's tiny model)")
         if self.ib_device is not None and self.transfer_backend != "mooncake":
             raise ValueError(f"ib_device applies to transfer_backend mooncake only; {self.transfer_backend} uses none "
                              "(mooncake_tcp is Mooncake with MC_FORCE_TCP=1 and no IB device)")
@@ -196,6 +222,31 @@ class SGLangSpec(Strict):
         _check_extra_args(self.extra_args, MANAGED_SERVER_FLAGS, "")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _cpu_defaults(cls, data: Any) -> Any:
+        """What a CPU server needs that the campaign left out: Mooncake over TCP, a small explicit
+        pool and memory fraction (a role's own value wins)."""
+        if not isinstance(data, dict) or data.get("device") != "cpu":
+            return data
+        data = dict(data)
+        data.setdefault("transfer_backend", "mooncake_tcp")
+
+        def role_value(role: str, name: str) -> Any:
+            given = data.get(role)
+            return given.get(name) if isinstance(given, dict) else getattr(given, name, None)
+
+        for name, default in (("max_total_tokens", CPU_MAX_TOTAL_TOKENS), ("mem_fraction_static", CPU_MEM_FRACTION)):
+            if data.get(name) is None and any(role_value(r, name) is None for r in ("prefill", "decode")):
+                data[name] = default
+        return data
+
+    def _check_cpu(self) -> None:
+        if self.transfer_backend == "mooncake":
+            raise ValueError("device cpu has no RDMA device: use transfer_backend mooncake_tcp (or nixl)")
+        if self.kv_canary != "none" or self.kv_checksum:
+            raise ValueError("kv_canary and kv_checksum are CUDA-only in SGLang; leave them off with device cpu")
+
     def _check_shared_gpus(self) -> None:
         """Here only where the campaign itself puts both roles on one host; the stack checks again
         with the hosts the launcher gives (`shared_gpu_problem`)."""
@@ -207,6 +258,8 @@ class SGLangSpec(Strict):
 
     def shared_gpu_problem(self) -> str | None:
         """Both roles on one node's GPU (a one-GPU machine) need a memory fraction each that leaves room."""
+        if self.device == "cpu":
+            return None
         shared = sorted(set(self.gpu_ids_of("prefill")) & set(self.gpu_ids_of("decode")))
         if not shared:
             return None

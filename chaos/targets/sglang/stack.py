@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from chaos.errors import UsageError
+from chaos.errors import TargetError, UsageError
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.dialect import SGLANG
 from chaos.targets.launcher import Launcher, PlannedCommand
 from chaos.targets.sglang.commands import server_command, server_env, sglang_router_command
 from chaos.targets.sglang.pool import pool_checks
-from chaos.targets.sglang.readiness import await_health
+from chaos.targets.sglang.readiness import PortTaken, await_health
 from chaos.targets.sglang.settings import Ports, WorkerSettings, as_restart_settings, with_overrides, worker_settings
 from chaos.targets.sglang.spec import SGLangSpec
 from chaos.targets.launched import LaunchedStack
@@ -31,6 +32,8 @@ from chaos.targets.state import clear_state
 
 ROLES = ("prefill", "decode")
 POOL_CHECK_FILE = "pool-check.json"  # expected vs reported KV pool per role (chaos.gpu.PoolCheck)
+log = logging.getLogger(__name__)
+START_ATTEMPTS = 3  # a port taken between choosing and binding it: start again on fresh ones
 ROUTER_READY_TIMEOUT_S = 120.0  # its workers are already healthy by then: seconds, not minutes
 
 
@@ -100,26 +103,56 @@ class SGLangStack(LaunchedStack):
 
     # ---------------------------------------------------------------------------- up/down ----
 
+    def check_installed(self) -> None:
+        """With device cpu, the tier's venv and model must be there (`make sglang-env`)."""
+        if self.spec.device != "cpu":
+            return
+        for role, s in self.settings.items():
+            if not Path(s.python).exists():
+                raise TargetError(f"{role}: no SGLang CPU venv at {s.python}; run `make sglang-env`")
+            if "/" in s.model_path and not (Path(s.model_path) / "config.json").exists():
+                raise TargetError(f"{role}: no model at {s.model_path}; `make sglang-env` builds the tiny one")
+
     def up(self) -> Endpoints:
+        """Start the deployment; one already up (every process alive) is returned as it is. Starting
+        it again would launch a second server on each port: the new ones fail to bind, the old
+        ones keep answering /health, and the stack loses its handles to the processes serving."""
+        if self.procs and all(name in self.procs and self.procs[name].alive() for name in (*ROLES, "router")):
+            return self.endpoints
         self._resolve()
+        self.check_installed()
         self._check_shared_gpus()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            # Both load their weights at once; each is awaited after both have started.
-            for role in ROLES:
-                self._launch(self.worker_command(role))
-            for role in ROLES:
-                self._await_worker(role)
-            self._start_router()
-            self.write_state()
-            self.pool_report = json.loads(json.dumps([check.to_json() for check in pool_checks(self)]))
-            # target.json goes with the stack; the run directory keeps this for the report's reader.
-            (self.run_dir / POOL_CHECK_FILE).write_text(json.dumps(self.pool_report, indent=2))
-            self.write_state()
-        except BaseException:
-            self.down()
-            raise
-        return self.endpoints
+        attempt = 1
+        while True:
+            try:
+                self._start_all()
+                return self.endpoints
+            except PortTaken as exc:
+                self._stop_processes()  # the launcher stays: the next start uses it
+                if attempt == START_ATTEMPTS:
+                    self.down()
+                    raise TargetError(f"{exc} (after {attempt} starts)") from exc
+                log.warning("%s; starting again on fresh ports", str(exc).splitlines()[0])
+                self._ports = None  # chosen afresh; the ports the campaign gives are kept
+                self._resolve()
+                attempt += 1
+            except BaseException:
+                self.down()
+                raise
+
+    def _start_all(self) -> None:
+        # Both load their weights at once; each is awaited after both have started.
+        for role in ROLES:
+            self._launch(self.worker_command(role))
+        for role in ROLES:
+            self._await_worker(role)
+        self._start_router()
+        self.write_state()
+        self.pool_report = json.loads(json.dumps([check.to_json() for check in pool_checks(self)]))
+        # target.json goes with the stack; the run directory keeps this for the report's reader.
+        (self.run_dir / POOL_CHECK_FILE).write_text(json.dumps(self.pool_report, indent=2))
+        self.write_state()
 
     def _check_shared_gpus(self) -> None:
         """Checked at launch, with the hosts the launcher gave: `pdchaos plan` places every role
@@ -141,12 +174,15 @@ class SGLangStack(LaunchedStack):
         await_health(self.router_url + "/readiness", ROUTER_READY_TIMEOUT_S, self.procs["router"])
 
     def down(self) -> None:
+        self._stop_processes()
+        clear_state(self.run_dir)
+        self.launcher.close()
+
+    def _stop_processes(self) -> None:
         for name in ("router", "decode", "prefill"):
             proc = self.procs.get(name)
             if proc is not None:
                 proc.stop(timeout_s=30.0)  # SGLang tears down its scheduler children on SIGTERM
-        clear_state(self.run_dir)
-        self.launcher.close()
 
     def restart(self, role: str, env: dict[str, str] | None = None, **overrides: Any) -> None:
         """Restart one role with changed settings, and wait until it serves again.
@@ -163,7 +199,16 @@ class SGLangStack(LaunchedStack):
         self.settings[role] = settings
         self._launch(self.worker_command(role))
         self._await_worker(role)
+        self._await_router_sees()
         self.write_state()
+
+    def _await_router_sees(self) -> None:
+        """The router marked the restarted worker unhealthy while it was down and takes it back
+        only at its next health check: until then it answers 503 "No available prefill workers".
+        Its /readiness is 200 again once it holds a healthy prefill and decode."""
+        router = self.procs.get("router")
+        if router is not None and router.alive():
+            await_health(self.router_url + "/readiness", ROUTER_READY_TIMEOUT_S, router)
 
     # -------------------------------------------------------------------------- inspection ----
 

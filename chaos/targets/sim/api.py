@@ -1,4 +1,4 @@
-"""SGLang's worker HTTP API over an embedded-engine `Engine` (shapes: `sglang-facts.md` §2)."""
+"""SGLang's worker HTTP API over an embedded-engine `Engine` (shapes: SGLang's `http_server.py`)."""
 
 from __future__ import annotations
 

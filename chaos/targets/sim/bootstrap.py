@@ -41,6 +41,15 @@ class BootstrapServer:
         self.rooms: dict[int, Room] = {}
         self._early: dict[int, Destination] = {}
         self._aborted_early: dict[int, float] = {}
+        self._rejected: dict[int, tuple[str, float]] = {}  # room -> prefill's rejection, when
+
+    def reject(self, room: int, message: str) -> Destination | None:
+        """Prefill rejected the room's request: a later /bootstrap for it is answered so. Returns
+        the destination decode already posted, if it came first (it must then be told directly)."""
+        cutoff = time.monotonic() - TOMBSTONE_TTL_S
+        self._rejected = {r: v for r, v in self._rejected.items() if v[1] > cutoff}
+        self._rejected[room] = (message, time.monotonic())
+        return self._early.pop(room, None)
 
     def open_room(self, room: int) -> Room:
         if room in self.rooms:
@@ -74,6 +83,9 @@ class BootstrapServer:
         body = await request.json()
         room = int(body["room"])
         dest = Destination(host=str(body["host"]), port=int(body["port"]), pages=[int(p) for p in body["pages"]])
+        rejected = self._rejected.get(room)
+        if rejected is not None:
+            return web.json_response({"room": room, "status": "rejected", "message": rejected[0]})
         entry = self.rooms.get(room)
         if entry is None:
             self._early[room] = dest
@@ -119,7 +131,8 @@ class BootstrapClient:
         if self._session is not None:
             await self._session.close()
 
-    async def send_destination(self, addr: str, room: int, rid: str, dest: Destination, attempts: int = 3) -> None:
+    async def send_destination(self, addr: str, room: int, rid: str, dest: Destination, attempts: int = 3) -> str | None:
+        """Post where prefill must write; returns prefill's rejection message if it rejected the request."""
         session = await self._client()
         payload = {"room": room, "rid": rid, "host": dest.host, "port": dest.port, "pages": dest.pages}
         last: Exception | None = None
@@ -127,7 +140,12 @@ class BootstrapClient:
             try:
                 async with session.post(f"http://{addr}/bootstrap", json=payload, timeout=aiohttp.ClientTimeout(total=2)) as resp:
                     if resp.status == 200:
-                        return
+                        try:
+                            answer = await resp.json()
+                        except (aiohttp.ContentTypeError, ValueError):
+                            return None
+                        rejected = isinstance(answer, dict) and answer.get("status") == "rejected"
+                        return str(answer.get("message", "rejected by prefill")) if rejected else None
                     last = RuntimeError(f"HTTP {resp.status}")
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 last = exc

@@ -1,6 +1,6 @@
 """The decode worker: preallocate pages, let prefill fill them, then decode over them.
 
-SGLang's decode lifecycle (`sglang-facts.md` §5): preallocate pages for the prompt (here also for
+SGLang's decode lifecycle (`srt/disaggregation/decode.py`): preallocate pages for the prompt (here also for
 the tokens it will generate), publish them to prefill's bootstrap server keyed by the room, wait
 for the KV (waiting timeout, heartbeat), check the handoff and commit, then decode.
 
@@ -43,6 +43,7 @@ class TransferOutcome:
     done: Done | None = None
     failure: str | None = None
     stream_closed: bool = False  # no write for this room can arrive any more
+    rejection: str | None = None  # prefill rejected the request before writing anything
 
 
 class DecodeEngine(Engine):
@@ -135,7 +136,7 @@ class DecodeEngine(Engine):
         deadline = asyncio.get_running_loop().time() + waiting_timeout
         try:
             try:
-                await asyncio.wait_for(self.client.send_destination(
+                rejection = await asyncio.wait_for(self.client.send_destination(
                     addr, room, req.rid, Destination(self.transfer_host, self.transfer_port, prompt_pages)
                 ), timeout=waiting_timeout)
             except ConnectionError as exc:
@@ -143,6 +144,9 @@ class DecodeEngine(Engine):
                 return None
             except asyncio.TimeoutError:
                 self._waiting_timed_out(req, waiting_timeout)
+                return None
+            if rejection is not None:
+                self._rejected_by_prefill(req, rejection)
                 return None
             if self.injected_failure():
                 self.fail_handoff(req, "transfer", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
@@ -159,6 +163,9 @@ class DecodeEngine(Engine):
                 else:
                     self.finish(req, req.abort_reason or abort("Aborted"))
                 return None
+            if result.rejection is not None:
+                self._rejected_by_prefill(req, result.rejection)
+                return None
             if result.failure is not None:
                 if result.stream_closed:
                     self.pool.release(req.pages)  # the stream is over: nothing can land any more
@@ -169,6 +176,13 @@ class DecodeEngine(Engine):
             return result.done
         finally:
             self.waiting.pop(room, None)
+
+    def _rejected_by_prefill(self, req: Req, message: str) -> None:
+        """Prefill rejected the request before any write: no KV can land, so the pages go back
+        at once, and the client gets prefill's 400."""
+        self.pool.release(req.pages)
+        req.pages = []
+        self.finish(req, abort(message, status_code=400, err_type="BadRequestError"))
 
     def _waiting_timed_out(self, req: Req, waiting_timeout: float) -> None:
         log.warning("Some requests fail to receive KV Cache transfer done signal after bootstrapping. These requests will be marked as failed.")
@@ -205,11 +219,12 @@ class DecodeEngine(Engine):
         else:
             self._release_quarantined(room, "transfer finished")
 
-    def on_aborted(self, room: int) -> None:
+    def on_aborted(self, room: int, reason: str = "") -> None:
         if room in self.waiting:
             _, outcome = self.waiting[room]
             if not outcome.done():
-                outcome.set_result(TransferOutcome(failure="Failed to get kvcache from prefill instance, it might be dead", stream_closed=True))
+                outcome.set_result(TransferOutcome(rejection=reason, stream_closed=True) if reason else
+                                   TransferOutcome(failure="Failed to get kvcache from prefill instance, it might be dead", stream_closed=True))
         else:
             self._release_quarantined(room, "transfer aborted by prefill")
 

@@ -1,7 +1,7 @@
 """Defect switches: each turns off one safeguard of the embedded engine, after a real bug.
 
 All are off by default. Each reproduces the *mechanism* of a publicly reported bug
-(`reference/bug-zoo.md`, classes K1–K9), so a qualification run against an engine with the switch
+(bug classes K1–K9, docs/architecture.md), so a qualification run against an engine with the switch
 on must FAIL, and the same run against the clean engine must PASS: that is how the suite proves
 its oracles work. `pdchaos sim defects` lists them.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Defect:
     name: str
-    bug_class: str  # K1..K9 in bug-zoo.md
+    bug_class: str  # K1..K9, see docs/architecture.md
     summary: str
     mechanism: str
     references: str
@@ -49,7 +49,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "the transfer-done signal is sent before the KV chunks, and decode starts on it",
         "the completion notice is not fenced behind the data: decode commits and decodes while the "
         "prompt's pages still hold their previous owner's KV",
-        "bug-zoo B20/B21 (read before ready)",
+        "SGLang PR #22811, #36738; vLLM #31210 (read before ready)",
         "any PD traffic; slow transfers widen the gap",
         "handoff", ("reference", "canary"),
     ),
@@ -58,7 +58,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "the transfer connector drops the last KV chunk but reports the full length",
         "success for a subset: decode's coverage check trusts the reported count, so the tail "
         "pages keep stale KV",
-        "vLLM #30358, NIXL HMA (bug-zoo B11, B13)",
+        "vLLM #30358, NIXL HMA (vLLM #52234); SGLang #36371",
         "prompts longer than one transfer chunk",
         "handoff", ("reference",),
     ),
@@ -67,7 +67,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "decode matches transfer completions to requests by a small slot index, not by room",
         "the metadata buffer index collides under concurrency and no room check runs: a request "
         "commits with another request's first token and before its own KV has landed",
-        "SGLang #22716 (bug-zoo B06)",
+        "SGLang #22716 (also #17259, PR #17430)",
         "concurrent PD traffic",
         "handoff", ("reference", "canary", "usage"),
     ),
@@ -76,7 +76,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "evicting a prefix-cache page frees it but leaves its key in the index",
         "a later prefix hit maps to a page that was reallocated to another request: the prefix KV "
         "read is someone else's",
-        "bug-zoo B18/B19 (radix tree references pages it no longer owns)",
+        "SGLang PR #31486, #35270 (radix tree references pages it no longer owns)",
         "shared prefixes plus eviction churn (small pool, long prompts)",
         "cache", ("canary", "reference"),
     ),
@@ -84,7 +84,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "cache_key_ignores_adapter", "K6",
         "the prefix-cache key omits the LoRA adapter, an input that changes the KV",
         "a request under adapter B reuses pages computed under adapter A",
-        "bug-zoo B16/B17 (cache key omits a non-token input)",
+        "vLLM #3264, CVE-2025-46722 (cache key omits a non-token input)",
         "the same prompt under different adapters",
         "cache", ("reference",),
     ),
@@ -92,7 +92,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "abort_reported_as_length", "K7",
         "a request aborted during the handoff is answered 200 with finish_reason length",
         "the success path overwrites the pending abort",
-        "SGLang #33507/#33508 (bug-zoo B10)",
+        "SGLang #33507/#33508 (also PR #8936)",
         "client aborts (by rid) during the transfer",
         "aborts", ("status",),
     ),
@@ -101,7 +101,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "decode never reclaims the pages of requests aborted or timed out during the handoff",
         "reclaim waits for a signal that never comes: the pool shrinks with every abort until new "
         "requests wait forever",
-        "bug-zoo B25/B26, vLLM B02",
+        "SGLang PR #31800, #36988; vLLM PR #32255, #46283",
         "aborts or transfer timeouts",
         "aborts", ("liveness",),
     ),
@@ -110,7 +110,7 @@ DEFECTS: dict[str, Defect] = {d.name: d for d in (
         "the prefix cache ignores the per-tenant cache salt",
         "one tenant's prompt makes another tenant's identical prefix hit the cache: time to first "
         "token (and cached_tokens) reveal what others asked",
-        "bug-zoo B29 and §5 (prefix-cache timing side channels)",
+        "vLLM CVE-2025-46570, SGLang #1504 (prefix-cache timing side channels)",
         "tenants probing each other's prefixes",
         "cache", ("tenant_isolation",),
     ),

@@ -184,6 +184,7 @@ class Engine:
         rejection = self.scheduler_rejection(req)
         if rejection is not None and not self.admit_rejected(req):
             self.finish(req, rejection)
+            self.on_rejected(req, rejection)
         else:
             self._spawn(self._run_guarded(req))
         return req
@@ -191,6 +192,9 @@ class Engine:
     def admit_rejected(self, req: Req) -> bool:
         """Whether a request the scheduler check rejected goes on anyway (only a defect says yes)."""
         return False
+
+    def on_rejected(self, req: Req, rejection: Finish) -> None:
+        """The scheduler check rejected `req` (prefill tells its decode peer)."""
 
     async def _run_guarded(self, req: Req) -> None:
         try:

@@ -1,4 +1,4 @@
-"""Prometheus text for the embedded engine, with SGLang's `sglang:` metric names (§2)."""
+"""Prometheus text for the embedded engine, with SGLang's `sglang:` metric names (`metrics_collector.py`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The prefill worker: compute the prompt's KV, then write it into decode's pool.
 
-SGLang's prefill lifecycle (`sglang-facts.md` §5): open a sender for the request's bootstrap
+SGLang's prefill lifecycle (`srt/disaggregation/prefill.py`): open a sender for the request's bootstrap
 room, wait (bootstrap timeout) until decode says which pages to fill, run the forward pass, send
 the KV chunk by chunk and finish with the first token. On success the response's finish reason is
 `length 0`; the client sees decode's answer, the router only checks this one's status.
@@ -16,7 +16,7 @@ import time
 from chaos.targets.sim.bootstrap import BootstrapServer
 from chaos.targets.sim.engine import Engine, Phase, Req
 from chaos.targets.sim.protocol import Finish, abort
-from chaos.targets.sim.transfer import Done, TransferFailed, kv_checksum
+from chaos.targets.sim.transfer import Done, TransferFailed, kv_checksum, send_rejection
 
 log = logging.getLogger("sglang.disaggregation.prefill")
 
@@ -38,6 +38,16 @@ class PrefillEngine(Engine):
             return False
         req.inp = dataclasses.replace(req.inp, input_ids=[0], max_new_tokens=1)
         return True
+
+    def on_rejected(self, req: Req, rejection: Finish) -> None:
+        """Decode admitted what we rejected (asymmetric pools): tell it, so it answers our 400
+        instead of waiting out its timeout with the pages held and then answering 500."""
+        if req.room is None:
+            return
+        message = str(rejection.message or "rejected by prefill")
+        early = self.bootstrap.reject(req.room, message)
+        if early is not None:
+            self._spawn(send_rejection(early, req.room, message))
 
     async def run(self, req: Req) -> None:
         if req.room is None:

@@ -1,7 +1,8 @@
 """SGLang's worker API shapes: request parsing and validation, finish reasons, error bodies.
 
-Everything here follows `sglang-facts.md` §2 so that clients, the real router and our own readers
-see the same JSON from the embedded engine as from SGLang.
+Everything here follows SGLang's `srt/entrypoints/http_server.py` and `srt/managers/`
+(`io_struct.py`, `tokenizer_manager.py`, `schedule_batch.py`) so that clients, the real router
+and our own readers see the same JSON from the embedded engine as from SGLang.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The pool is sized as SGLang sizes it: a memory fraction of a (simulated) GPU, minus the weights,
 divided by the bytes one token of KV takes; or set directly with `max_total_tokens`. The limits
 a worker enforces (`max_req_input_len`) follow from the pool and the context length exactly as in
-SGLang (`sglang-facts.md` §2), so an asymmetric pair behaves like an asymmetric SGLang pair.
+SGLang (`validate_input_length`, `srt/managers/utils.py`), so an asymmetric pair behaves like an
+asymmetric SGLang pair.
 """
 
 from __future__ import annotations

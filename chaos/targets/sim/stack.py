@@ -2,7 +2,7 @@
 
 Each process starts in its own session on 127.0.0.1 with free ports; the router is the PyPI
 `sglang-router` (`python -m sglang_router.launch_router --pd-disaggregation`) with `HF_ENDPOINT`
-pointed at loopback so its tokenizer lookup never leaves the machine (components.md §3).
+pointed at loopback so its tokenizer lookup never leaves the machine (docs/performance.md).
 A stack can be stopped from another process through the state file it writes.
 
 With `proxied_links`, three standalone fault proxies (`python -m faults.proxy`, each in its own

@@ -9,7 +9,8 @@ address prefill must connect to.
 Frame: `!4sBQI` header (magic, kind, bootstrap room, payload length) + payload.
 - WRITE payload: count (u32), then slots, tokens, positions (int64) and ctx (uint64), little-endian.
 - DONE payload: JSON `{"first_token", "num_tokens", "checksum", "cached_tokens"}`.
-- ABORTED and ACK: empty.
+- ABORTED: empty, or a UTF-8 reason when prefill rejected the request before any write
+  (`send_rejection`); ACK: empty.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class TransferSink(Protocol):
 
     def on_done(self, room: int, done: Done) -> None: ...
 
-    def on_aborted(self, room: int) -> None: ...
+    def on_aborted(self, room: int, reason: str = "") -> None: ...
 
     def on_stream_closed(self, room: int, terminated: bool) -> None: ...
 
@@ -164,7 +165,7 @@ class KVReceiver:
                     await writer.drain()
                 elif kind is Kind.ABORTED:
                     rooms[room] = True
-                    self.sink.on_aborted(room)
+                    self.sink.on_aborted(room, payload.decode(errors="replace"))
                     writer.write(_frame(Kind.ACK, room))
                     await writer.drain()
                 else:
@@ -181,6 +182,25 @@ class KVReceiver:
 
 
 # ----------------------------------------------------------------------------------- sender ---
+
+
+async def send_rejection(dest: Destination, room: int, reason: str) -> bool:
+    """Tell decode that prefill rejected the room's request before writing anything (ABORTED
+    with the reason), so decode answers the client's error instead of waiting out its timeout."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(dest.host, dest.port), CONNECT_TIMEOUT_S)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    try:
+        writer.write(_frame(Kind.ABORTED, room, reason.encode()))
+        await writer.drain()
+        kind, _, _ = await asyncio.wait_for(_read_frame(reader), ACK_TIMEOUT_S)
+        return kind is Kind.ACK
+    except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ProtocolViolation, struct.error):
+        return False
+    finally:
+        writer.close()
+
 
 
 class SendState(IntEnum):

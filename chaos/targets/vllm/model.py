@@ -5,7 +5,7 @@ Run with the vLLM venv's python (it has torch, transformers and tokenizers, not 
 
 A byte-level BPE (vocab 2048) trained on this Python's own stdlib sources, and a 2-layer Llama with
 random weights (seed 0, bf16). head_dim is 32 because vLLM's CPU attention supports nothing
-smaller (components.md §8). Its output is gibberish, but greedy and repeatable, which is all the
+smaller (docs/telltale-model.md). Its output is gibberish, but greedy and repeatable, which is all the
 suite needs: canary markers are found by scanning text, not by the model understanding it.
 """
 

@@ -1,4 +1,4 @@
-"""`target.vllm`: how to launch the vLLM CPU PD pair (components.md §8 and its addendum)."""
+"""`target.vllm`: how to launch the vLLM CPU PD pair (docs/vllm-tier.md, docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ over loopback); decode pulls each prompt's KV from prefill. The front is the rea
 (`--vllm-pd-disaggregation`): it sends a request to prefill with max_tokens 1 and
 `do_remote_decode`, then to decode with the `kv_transfer_params` prefill returned, and streams
 decode's answer back. Every process runs in its own session (killing one vLLM PID leaves its
-EngineCore and Worker alive, components.md §8), with the vLLM venv's python, through `engine.py`
+EngineCore and Worker alive, docs/vllm-tier.md), with the vLLM venv's python, through `engine.py`
 (the NIXL idle-CPU fix). Readiness: each engine's `/health`, then the router's `/health` and `/readiness`
 (200 once it holds a healthy prefill and decode).
 Ports come from below the kernel's ephemeral range: vLLM's own sockets bind ephemeral ports and

@@ -2,7 +2,7 @@
 
 nixl 1.5.1's Python API (`nixl_cu12/_api.py`, `nixl_agent.__init__`) sets `pthrDelay = 0` on the
 agent config it builds, so the UCX progress thread polls with a zero timeout: one busy core per
-idle engine (components.md, addendum). vLLM builds that agent inside its worker process
+idle engine (docs/performance.md). vLLM builds that agent inside its worker process
 (`nixl/base_worker.py`), which is spawned, so the fix is an import hook installed by
 `sitecustomize` (this directory is on PYTHONPATH of every engine process): when the NIXL API
 module is imported, its binding's agent constructor gets the delay set first.
