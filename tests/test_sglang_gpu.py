@@ -1,4 +1,4 @@
-"""A short qualification campaign against real SGLang on this machine's GPUs (`-m gpu`).
+"""`campaigns/sglang-gpu-smoke.yaml` against real SGLang on this machine's GPUs (`-m gpu`).
 
 Skipped, with the reason, unless all of these hold: NVML sees a GPU, `PDCHAOS_SGLANG_MODEL` names
 a model SGLang can load, and the Python in `PDCHAOS_SGLANG_PYTHON` (default: this one) imports
@@ -58,27 +58,18 @@ def _requirements() -> tuple[int, str, str, str]:
     return len(inventory.gpus), model, python, backend
 
 
+SMOKE = ROOT / "campaigns" / "sglang-gpu-smoke.yaml"
+
+
 def short_campaign(gpus: int, model: str, python: str, backend: str) -> dict[str, Any]:
-    roles: dict[str, Any] = ({"prefill": {"gpu_ids": [0]}, "decode": {"gpu_ids": [1]}} if gpus >= 2 else
-                             {"prefill": {"gpu_ids": [0], "mem_fraction_static": 0.4},
-                              "decode": {"gpu_ids": [0], "mem_fraction_static": 0.4}})
-    return {
-        "name": "sglang-gpu-smoke", "seed": 5,
-        "target": {"kind": "sglang", "sglang": {
-            "model_path": model, "python": python, "transfer_backend": backend, "context_length": 4096,
-            "deterministic": True, "random_seed": 5, "bootstrap_timeout_s": 15, "waiting_timeout_s": 15,
-            "startup_timeout_s": 1500, **roles, "router": {"health_check_interval_s": 2}}},
-        "load": {"profile": "mixed", "users": 4, "actors": 1, "duration": "120s", "max_tokens": 32},
-        "probes": {"count": 4, "interval": "3s"},
-        "faults": {"windows": [
-            {"fault": "transfer_stall", "at": "15s", "duration": "25s", "params": {"role": "prefill"}},
-            {"fault": "client_abort", "at": "60s", "duration": "15s",
-             "params": {"phase": "transfer", "method": "abort_request", "count": 3, "prompt_tokens": 2000}},
-            {"fault": "over_length_burst", "at": "90s", "duration": "10s", "params": {"count": 1}},
-        ]},
-        "oracles": {"request_deadline_s": 300, "drain_timeout_s": 60},
-        "gates": {"min_window_requests": 3},
-    }
+    """The shipped smoke campaign, pointed at this machine's model, Python, backend and GPUs."""
+    campaign: dict[str, Any] = yaml.safe_load(SMOKE.read_text())
+    sglang = campaign["target"]["sglang"]
+    sglang.update({"model_path": model, "python": python, "transfer_backend": backend})
+    if gpus < 2:  # one GPU runs both roles at 0.4 of its memory each
+        sglang["prefill"] = {"gpu_ids": [0], "mem_fraction_static": 0.4}
+        sglang["decode"] = {"gpu_ids": [0], "mem_fraction_static": 0.4}
+    return campaign
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
