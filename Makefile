@@ -23,7 +23,7 @@ run: $(STAMP)
 
 # The tests include the real-engine tier, so they install it first (once: later runs find it).
 test: $(STAMP) vllm-env
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=30 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/router_throughput.py
