@@ -9,7 +9,7 @@ those as a second column). A leak finding must name a victim that is really in t
 whose marker really is in the offending response.
 
 A defect caught in most seeds but not all (docs/detection-matrix.md gives each rate: K1 was
-caught in 5 of 6 seeds) is missed by one seed now and then. A run that misses is followed by one
+caught in 9 of 10 seeds) is missed by one seed now and then. A run that misses is followed by one
 more, with the next seed, and the test says so (a warning naming both runs); two misses in a row
 fail. The rate itself is the detection matrix's to measure, not this test's.
 """
