@@ -5,7 +5,9 @@ Request A's KV lease expires while decode is paused; prefill frees A's blocks an
 other prompts; decode then pulls A's block ids anyway. Served by the telltale model, whose greedy
 reply names the marker words in the KV it attends, A's reply (HTTP 200) names the words of the
 requests that reused its blocks, words A's own prompt never held. The pair gets its own module: a
-small pool (4 MiB) and the telltale model, unlike the campaigns' pair in tests/test_vllm_pair.py.
+small pool (4 MiB) and the telltale model, unlike the campaigns' pair in tests/test_vllm_pair.py,
+which runs first (file order): its campaign judges the load generator's headroom, and this module's
+pair must be gone by then.
 """
 
 from __future__ import annotations
