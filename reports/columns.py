@@ -10,7 +10,7 @@ all token times in one vectorised call. The journal's schema version is checked 
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -57,15 +57,16 @@ def read_columns(journal_file: Path) -> RequestColumns:
         conn.close()
     if not parts:
         return RequestColumns()
-    if len(parts) == 1:
-        return parts[0]
-    return RequestColumns(
-        t_send=np.concatenate([p.t_send for p in parts]), t_first_token=np.concatenate([p.t_first_token for p in parts]),
-        t_end=np.concatenate([p.t_end for p in parts]), outcome=np.concatenate([p.outcome for p in parts]),
-        phase=[x for p in parts for x in p.phase], user_kind=[x for p in parts for x in p.user_kind],
-        error_class=[x for p in parts for x in p.error_class],
-        token_counts=np.concatenate([p.token_counts for p in parts]), token_times=np.concatenate([p.token_times for p in parts]),
-    )
+    return parts[0] if len(parts) == 1 else _concatenate(parts)
+
+
+def _concatenate(parts: list[RequestColumns]) -> RequestColumns:
+    """The chunks as one: arrays concatenated, lists joined, field by field."""
+    joined = {}
+    for f in fields(RequestColumns):
+        values = [getattr(p, f.name) for p in parts]
+        joined[f.name] = np.concatenate(values) if isinstance(values[0], np.ndarray) else [x for v in values for x in v]
+    return RequestColumns(**joined)
 
 
 def _parse(rows: list[tuple], shared: dict[str, str]) -> RequestColumns:

@@ -6,8 +6,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import httpx
 import pytest
@@ -32,6 +33,24 @@ def wait_until(probe: Callable[[], T], timeout_s: float = 15.0, interval_s: floa
             return last
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last value: {last!r})")
+
+
+class _Startable(Protocol):
+    def up(self) -> object: ...
+    def down(self) -> None: ...
+
+
+S = TypeVar("S", bound=_Startable)
+
+
+@contextmanager
+def running(stack: S) -> Iterator[S]:
+    """A launched stack (sim, SGLang, vLLM) up for the block, stopped after it whatever happened."""
+    stack.up()
+    try:
+        yield stack
+    finally:
+        stack.down()
 
 
 def start_stack(tmp_path: Path, config: SimStackConfig | None = None) -> SimStack:

@@ -30,6 +30,7 @@ from chaos.verdict import Verdict
 from chaos.windows import windows_from_events
 from faults.base import FaultContext
 from faults.registry import build_fault
+from tests.conftest import running
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-sglang"
@@ -45,12 +46,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangStack]:
         pytest.skip(f"{VENV} or its tiny model is missing: run `make sglang-env` (about 4 min, 7 GB)")
     spec = load_campaign(CAMPAIGN).target.sglang
     assert spec is not None
-    stack = SGLangStack(spec, tmp_path_factory.mktemp("sglang-cpu"))
-    stack.up()
-    try:
+    with running(SGLangStack(spec, tmp_path_factory.mktemp("sglang-cpu"))) as stack:
         yield stack
-    finally:
-        stack.down()
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ import pytest
 from chaos.targets.sglang.spec import SGLangSpec
 from chaos.verdict import Verdict
 from chaos.targets.sglang.stack import SGLangStack
+from tests.conftest import running
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-sglang-0.5.19"
@@ -38,12 +39,8 @@ def incident_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangSt
     spec = SGLangSpec(device="cpu", venv=str(VENV), waiting_timeout_s=20, bootstrap_timeout_s=20,
                       prefill={"max_total_tokens": 1024}, decode={"max_total_tokens": 8192},
                       router={"health_check_timeout_s": 25})
-    stack = SGLangStack(spec, tmp_path_factory.mktemp("sglang-0519"))
-    stack.up()
-    try:
+    with running(SGLangStack(spec, tmp_path_factory.mktemp("sglang-0519"))) as stack:
         yield stack
-    finally:
-        stack.down()
 
 
 def _generate(stack: SGLangStack, input_ids: list[int], max_new_tokens: int = 8, **sampling: object) -> httpx.Response:
@@ -87,12 +84,8 @@ def telltale_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SG
                       prefill={"max_total_tokens": 1024},
                       decode={"max_total_tokens": 2048, "extra_args": ["--disable-radix-cache"]},
                       router={"health_check_timeout_s": 25})
-    stack = SGLangStack(spec, tmp_path_factory.mktemp("sglang-0519-telltale"))
-    stack.up()
-    try:
+    with running(SGLangStack(spec, tmp_path_factory.mktemp("sglang-0519-telltale"))) as stack:
         yield stack, table
-    finally:
-        stack.down()
 
 
 def _marked(table: dict, word: int, tokens: int, every: int = 16) -> list[int]:

@@ -32,6 +32,7 @@ from chaos.targets.vllm.spec import VllmSpec
 from chaos.targets.vllm.stack import VllmStack
 from chaos.verdict import Verdict
 from chaos.windows import windows_from_events
+from tests.conftest import running
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-vllm"
@@ -44,12 +45,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
     if not (VENV / "bin" / "python").exists() or not (VENV / "models" / "tiny-llama" / "config.json").exists():
         pytest.skip(f"{VENV} or its tiny model is missing: run `make vllm-env` (CI does)")
     spec = load_campaign(CAMPAIGN).target.vllm
-    stack = VllmStack(spec, tmp_path_factory.mktemp("vllm-pair"))
-    stack.up()
-    try:
+    with running(VllmStack(spec, tmp_path_factory.mktemp("vllm-pair"))) as stack:
         yield stack
-    finally:
-        stack.down()
 
 
 def _run_on(pair: VllmStack, path: Path, run_dir: Path) -> RunOutcome:

@@ -22,6 +22,7 @@ import pytest
 from chaos.targets.models.telltale import load_words
 from chaos.targets.vllm.lease_leak import LeaseLeak, ensure_model, leak_spec, prompt, reproduce
 from chaos.targets.vllm.stack import VllmStack
+from tests.conftest import running
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-vllm"
@@ -40,12 +41,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def leak(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LeaseLeak]:
-    stack = VllmStack(leak_spec(model_dir, str(VENV)), tmp_path_factory.mktemp("vllm-lease-leak"))
-    stack.up()
-    try:
+    with running(VllmStack(leak_spec(model_dir, str(VENV)), tmp_path_factory.mktemp("vllm-lease-leak"))) as stack:
         yield reproduce(stack, load_words(model_dir))
-    finally:
-        stack.down()
 
 
 @pytest.mark.timeout(900)
@@ -58,8 +55,7 @@ def test_a_reply_after_lease_expiry_quotes_the_requests_that_reused_its_blocks(l
     for word in leak.leaked:  # a word A's prompt never held: it came from another request's KV
         assert f"#{word}" not in own_prompt and word != leak.own
     # each B answered with its own word: the model names what it attends, on this very pair
-    assert all(reply.split() == [word] for word, name in leak.others.items() for b, reply in leak.other_replies.items()
-               if b == name), leak.other_replies
+    assert all(leak.other_replies[name].split() == [word] for word, name in leak.others.items()), leak.other_replies
     assert set(leak.named) <= set(words)
 
 
