@@ -151,7 +151,8 @@ class ProbeSpec(Strict):
 
 class WindowSpec(Strict):
     fault: str
-    at: Duration = Field(description="seconds after load start")
+    at: Duration = Field(description="seconds after load start, in schedule time: the load's stages wait while an "
+                                     "earlier window runs past its planned end")
     duration: Duration
     params: dict[str, Any] = Field(default_factory=dict)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from loadprofiles.clock import ClockState, write_state
 from loadprofiles.config import CONFIG_ENV, LoadConfig
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "loadprofiles" / "locustfile.py"
@@ -80,6 +81,7 @@ class LoadGenerator:
         self._offset = 0
         self._partial = b""
         self._ps: psutil.Process | None = None
+        self._clock: ClockState | None = None
 
     def start(self) -> int:
         env = dict(os.environ)
@@ -99,7 +101,11 @@ class LoadGenerator:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def poll(self) -> PollResult:
+    def poll(self, clock: ClockState | None = None) -> PollResult:
+        """New records and a health sample; `clock`, when it changed, goes to the shape's file."""
+        if clock is not None and clock != self._clock and self.config.clock_path:
+            write_state(self.config.clock_path, clock)
+            self._clock = clock
         result = PollResult(running=self.running())
         result.records, result.anomalies = self._read_new_records()
         result.health = self._health(result.running)
@@ -217,8 +223,8 @@ class LoadCluster:
             self.names.append(name)
         ray.get([a.start.remote() for a in self.actors])
 
-    def poll(self) -> list[PollResult]:
-        return self._ray.get([a.poll.remote() for a in self.actors])
+    def poll(self, clock: ClockState | None = None) -> list[PollResult]:
+        return self._ray.get([a.poll.remote(clock) for a in self.actors])
 
     def stop_all(self, timeout_s: float = 15.0) -> list[tuple[list[dict[str, Any]], PollResult]]:
         """Stop every Locust; per actor its Locust stats and the records not yet polled."""

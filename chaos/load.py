@@ -19,6 +19,7 @@ from typing import Any
 from chaos.cluster import HealthSample, LoadCluster, PollResult, locust_request_count
 from chaos.journal import EventKind, Journal, JournalEvent, RequestRecord
 from chaos.loadstats import LoadStats, generator_saturated
+from loadprofiles.clock import ScheduleClock
 from loadprofiles.config import LoadConfig, ShapeKind, ShapeSpec, Stage, TargetFacts
 from loadprofiles.profiles import Profile
 
@@ -42,9 +43,10 @@ class LoadPlan:
     index_base: int = 0  # request indices below it belong to the runner's probes
     stages: tuple[tuple[float, int], ...] = ()  # shape "stages": (until_s, users) for the whole load
 
-    def configs(self, workdir: Path) -> list[LoadConfig]:
+    def configs(self, workdir: Path, scheduled: bool = False) -> list[LoadConfig]:
         """One LoadConfig per actor; users are split as evenly as possible. Paths are absolute:
-        the actor and its Locust process run in other working directories."""
+        the actor and its Locust process run in other working directories. `scheduled`: the
+        shapes read the schedule clock their actors write beside them."""
         workdir = workdir.resolve()
         out = []
         for i in range(self.actors):
@@ -56,6 +58,7 @@ class LoadPlan:
             out.append(LoadConfig(
                 run_prefix=self.run_prefix, target_url=self.target_url,
                 records_path=str(workdir / f"actor-{i}" / "records.jsonl"),
+                clock_path=str(workdir / f"actor-{i}" / "clock.json") if scheduled else None,
                 actor_index=i, actor_count=self.actors, facts=self.facts, mix=dict(self.profile.mix),
                 shape=ShapeSpec(kind=self.shape, duration_s=self.duration_s, users=users, spawn_rate=max(1.0, users / 2),
                                 stages=stages),
@@ -113,12 +116,14 @@ def _absorb(journal: Journal, results: list[PollResult], outcome: LoadOutcome,
 
 def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str | None = None,
              progress: Progress | None = None, on_started: Callable[[float], None] | None = None,
-             on_records: Callable[[list[RequestRecord]], None] | None = None) -> LoadOutcome:
+             on_records: Callable[[list[RequestRecord]], None] | None = None,
+             clock: ScheduleClock | None = None) -> LoadOutcome:
     """Run the plan to its end (or Ctrl-C). `on_started(t)` fires once Locust is running: fault
-    schedules count from then, not from Ray's start-up."""
+    schedules count from then, not from Ray's start-up. With a `clock` (started here), the load's
+    shape follows it: what the fault schedule holds lengthens the load by as much."""
     outcome = LoadOutcome()
     workdir = (run_dir / "load").resolve()  # a relative --out must mean the same in every process
-    configs = plan.configs(workdir)
+    configs = plan.configs(workdir, scheduled=clock is not None)
     journal.append_event(JournalEvent(EventKind.PHASE, f"{plan.phase}:start", {
         "profile": plan.profile.name, "users": plan.users, "actors": len(configs), "shape": plan.shape,
         "duration_s": plan.duration_s, "target": plan.target_url}))
@@ -129,11 +134,14 @@ def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str |
             cluster.start(configs, str(workdir))
             started = time.monotonic()
             journal.set_meta("load_started_at", time.time())
+            if clock is not None:
+                clock.start(time.time())
             if on_started is not None:
                 on_started(time.time())
-            deadline = started + plan.duration_s + 30.0  # the shape ends Locust; this bounds a stuck one
-            while time.monotonic() < deadline:
-                results = cluster.poll()
+            # The shape ends Locust; this bounds a stuck one.
+            deadline = lambda: started + plan.duration_s + 30.0 + (clock.held_s() if clock else 0.0)  # noqa: E731
+            while time.monotonic() < deadline():
+                results = cluster.poll(clock.state() if clock else None)
                 _, new_errors = _absorb(journal, results, outcome, on_records)
                 errors += new_errors
                 running = sum(1 for r in results if r.running)

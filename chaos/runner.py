@@ -49,6 +49,7 @@ from faults.provoke import KIND_PROVOCATION, Provoker, split_params
 from faults.traffic import KIND_ABORT, KIND_OVER_LENGTH
 from faults.registry import build_fault
 from faults.window import run_window
+from loadprofiles.clock import ScheduleClock
 from loadprofiles.profiles import PROFILES
 
 log = logging.getLogger("pdchaos.runner")
@@ -59,6 +60,7 @@ SIZING_INDEX = TENANT_INDEX_BASE - 1  # the one request that sizes the probes
 EXPOSED_KINDS = (KIND_PROVOCATION, KIND_ABORT, KIND_OVER_LENGTH)  # besides the load, traffic a window's fault acts on
 POOL_SAMPLE_S = 0.5  # often enough that a lull of a few seconds yields two idle samples
 AFTERSHOCK_PARALLEL = 8
+HOLD_WORTH_NOTING_S = 1.0  # the schedule clock stood still this long for a window: journaled and said
 
 
 class Interrupted(Exception):
@@ -101,6 +103,7 @@ class Runner:
         self.last_answer = time.time()
         self.quiet_since_window = time.time()
         self.wedged = threading.Event()
+        self.clock = ScheduleClock()  # the load's, made with its first barrier when the load starts
 
     # --------------------------------------------------------------------------- the flow ----
 
@@ -289,24 +292,25 @@ class Runner:
                         shape=load.shape, max_tokens=load.max_tokens, seed=self.campaign.seed, phase="load",
                         index_base=PROBE_INDEX_LIMIT, stages=tuple((s.until_s, s.users) for s in load.stages))
         load_done, load_started = threading.Event(), threading.Event()
-        started_at: list[float] = []
+        windows = self.campaign.windows()
+        self.clock = ScheduleClock(barrier_s=windows[0].at_s if windows else None)
 
-        def mark_started(t: float) -> None:
-            started_at.append(t)
+        def mark_started(_: float) -> None:
             load_started.set()
 
-        fault_thread = threading.Thread(target=self._fault_schedule, args=(load_started, started_at, load_done), name="faults",
+        fault_thread = threading.Thread(target=self._fault_schedule, args=(windows, load_started, load_done), name="faults",
                                         daemon=True)
         helpers = [
-            threading.Thread(target=self._replay_probes, args=(load_started, started_at, load_done), name="probes", daemon=True),
-            threading.Thread(target=self._sample_pools, args=(load_done, load_started, started_at), name="pools", daemon=True),
+            threading.Thread(target=self._replay_probes, args=(load_started, load_done), name="probes", daemon=True),
+            threading.Thread(target=self._sample_pools, args=(load_done, load_started), name="pools", daemon=True),
         ]
         for thread in (fault_thread, *helpers):
             thread.start()
         progress = terminal_progress(load.duration_s, self._live_status) if self.show_progress else None
         try:
             self.load_outcome = run_load(plan, self.run_dir, self.journal, ray_address=self.ray_address,
-                                         progress=progress, on_started=mark_started, on_records=self._scan_live)
+                                         progress=progress, on_started=mark_started, on_records=self._scan_live,
+                                         clock=self.clock)
         finally:
             load_done.set()
             # A heal is bounded by its own timeouts (a vLLM restart: several minutes); the journal
@@ -329,27 +333,44 @@ class Runner:
     def _live_status(self) -> str:
         return f"  fault {self.active_fault or '-'}  leaks so far {self.leaks_so_far}"
 
-    def _fault_schedule(self, load_started: threading.Event, started_at: list[float], load_done: threading.Event) -> None:
-        """Windows at their times after the load started; one at a time, each healed before the next."""
+    def _fault_schedule(self, windows: list[WindowSpec], load_started: threading.Event, load_done: threading.Event) -> None:
+        """Windows at their schedule times; one at a time, each healed before the next. The
+        schedule clock stands still while a window runs past its planned end or cannot start on
+        time, so the load's stages (a lull around a flush) stay where the campaign put them."""
         while not load_started.wait(0.5):
             if self.stop.is_set() or load_done.is_set():
                 return
-        started = started_at[0]
+        clock = self.clock
         provoker: Provoker | None = None
         try:
-            for n, window in enumerate(self.campaign.windows()):
-                wait = started + window.at_s - time.time()
+            for n, window in enumerate(windows):
+                wait = clock.wall_until(window.at_s)
                 if wait > 0 and (self.stop.wait(wait) or load_done.is_set()):
                     return
                 if provoker is not None:
                     provoker.join()  # one window's traffic at a time: findings name their window
                 if self.stop.is_set() or load_done.is_set() or self.wedged.is_set():
                     return
+                late = clock.hold_at(window.at_s + window.duration_s)  # the clock may run to its planned end
                 provoker = self._run_window(n, window)
                 self._aftershock(window)  # while the provocation's after-heal waves still run
+                over = clock.hold_at(windows[n + 1].at_s if n + 1 < len(windows) else None)
+                self._journal_hold(f"w{n + 1}", late, over)
         finally:
             if provoker is not None:
                 provoker.join()
+
+    def _journal_hold(self, window_id: str, late_s: float, over_s: float) -> None:
+        """What the schedule clock stood still for, when it is worth a line: a start held back by
+        the previous window's traffic, or the window's heal and aftershock past its planned end."""
+        assert self.journal is not None
+        if late_s + over_s < HOLD_WORTH_NOTING_S:
+            return
+        self.journal.append_event(JournalEvent(EventKind.PHASE, "schedule:held", {
+            "window": window_id, "late_start_s": round(late_s, 1), "overrun_s": round(over_s, 1),
+            "total_held_s": round(self.clock.held_s(), 1)}))
+        self._say(f"schedule held {late_s + over_s:.1f} s for {window_id} (started {late_s:.1f} s late, "
+                  f"ran {over_s:.1f} s past its planned end); the load's stages wait with it")
 
     def _run_window(self, n: int, window: WindowSpec) -> Provoker:
         assert self.target is not None
@@ -388,7 +409,7 @@ class Runner:
         if unanswered:
             self._say(f"aftershock probes after {window.fault}: {unanswered} of {len(records)} got no answer in {timeout:.0f} s")
 
-    def _replay_probes(self, load_started: threading.Event, started_at: list[float], load_done: threading.Event) -> None:
+    def _replay_probes(self, load_started: threading.Event, load_done: threading.Event) -> None:
         """Probes at their interval through the load, except in its lulls: a lull is kept idle,
         as the liveness oracle's idle-moment check needs."""
         assert self.journal is not None and self.target is not None
@@ -397,7 +418,7 @@ class Runner:
         with httpx.Client(trust_env=False) as client:
             n = 0
             while not load_done.wait(interval) and not self.stop.is_set() and not self.wedged.is_set():
-                if load_started.is_set() and self._in_lull(time.time() - started_at[0]):
+                if load_started.is_set() and self._in_lull(self.clock.now()):
                     continue
                 probe = order[n % len(order)]
                 record = send_probe(client, self.target.endpoints.router_url, probe, "load", self.api, timeout_s=self.campaign.probes.timeout_s)
@@ -406,18 +427,18 @@ class Runner:
                 n += 1
 
     def _in_lull(self, t: float) -> bool:
-        """Whether the load's shape has no users `t` seconds after it started."""
+        """Whether the load's shape has no users at schedule time `t`."""
         load = self.campaign.load
         if load.shape != "stages":
             return False
         current = next((stage for stage in load.stages if t < stage.until_s), None)
         return current is not None and current.users == 0
 
-    def _sample_pools(self, load_done: threading.Event, load_started: threading.Event, started_at: list[float]) -> None:
+    def _sample_pools(self, load_done: threading.Event, load_started: threading.Event) -> None:
         while not load_done.wait(POOL_SAMPLE_S) and not self.stop.is_set():
             loads = self._snapshot("during", None)
             if load_started.is_set() and not self.wedged.is_set():
-                self._watch_progress(loads, time.time() - started_at[0])
+                self._watch_progress(loads, self.clock.now())
 
     def _note_progress(self, record: Any) -> None:
         """Progress is a request that generated something: a front end that still rejects

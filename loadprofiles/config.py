@@ -64,6 +64,7 @@ class LoadConfig:
     seed: int = 0
     phase: str = "load"
     index_base: int = 0  # request indices below it are reserved (the runner's probes)
+    clock_path: str | None = None  # the schedule clock's state, written by the actor (loadprofiles/clock.py)
 
     def request_index(self, local_sequence: int) -> int:
         """Indices interleave across actors, so markers are unique in the whole run."""

@@ -34,7 +34,7 @@ CONTEXT = LoadContext.create(CONFIG)
 
 # Locust looks for user classes and one shape class among this module's globals.
 globals().update({cls.__name__: cls for cls in user_classes(CONTEXT)})
-LoadShape = shape_class(CONFIG.shape)
+LoadShape = shape_class(CONFIG.shape, CONFIG.clock_path)
 
 
 @events.quitting.add_listener

@@ -2,7 +2,7 @@
 
 `users_at(spec, t)` is the whole policy, a pure function (unit-testable without Locust);
 `shape_class(spec)` hands it to Locust, which polls `tick()` about once a second and stops the run
-when it returns None. Kinds:
+when it returns None. In a campaign `t` is schedule time (loadprofiles/clock.py), not wall time. Kinds:
 
 * steady: `users` for `duration_s`.
 * ramp: linear from 1 up to `users` over `duration_s`.
@@ -15,8 +15,10 @@ when it returns None. Kinds:
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING
 
+from loadprofiles.clock import read_state
 from loadprofiles.config import ShapeSpec
 
 if TYPE_CHECKING:
@@ -61,8 +63,10 @@ def users_at(spec: ShapeSpec, t: float) -> tuple[int, float] | None:
     raise ValueError(f"unknown shape kind {kind!r}")
 
 
-def shape_class(spec: ShapeSpec) -> type[LoadTestShape]:
+def shape_class(spec: ShapeSpec, clock_path: str | None = None) -> type[LoadTestShape]:
     """Locust's shape hook over `users_at`, for the locustfile's namespace (Locust finds it there).
+    With `clock_path`, the shape reads schedule time from the state its actor writes there
+    (loadprofiles/clock.py): the stages stand still while the fault schedule is behind.
 
     Locust is imported here, not at module level: importing it monkey-patches the whole process
     with gevent, which a test or driver that only wants `users_at` must not suffer.
@@ -71,6 +75,8 @@ def shape_class(spec: ShapeSpec) -> type[LoadTestShape]:
 
     class ConfiguredShape(LoadTestShape):
         def tick(self) -> tuple[int, float] | None:
-            return users_at(spec, self.get_run_time())
+            state = read_state(clock_path) if clock_path else None
+            t = state.now(time.time()) if state is not None else None
+            return users_at(spec, self.get_run_time() if t is None else t)
 
     return ConfiguredShape

@@ -46,6 +46,42 @@ def test_the_default_campaign_passes_with_every_fault_confirmed_and_healed(tmp_p
     assert not (out / "target.json").exists()  # the stack was stopped
 
 
+@pytest.mark.timeout(600)
+def test_the_load_stages_wait_while_a_window_runs_past_its_planned_end(tmp_path: Path) -> None:
+    """A restart planned for 1 s takes several (with its aftershock probes and provocation): the
+    schedule clock stands still meanwhile, so the flush planned inside the lull (4-7 s) still meets
+    the lull, not the load, though it starts after 7 s of wall time (loadprofiles/clock.py)."""
+    out = tmp_path / "run"
+    campaign = tmp_path / "held.yaml"
+    campaign.write_text(
+        "name: held-schedule\n"
+        "target: {sim: {waiting_timeout_s: 3}}\n"
+        "load: {profile: canary-chat, users: 4, shape: stages, duration: 30s,\n"
+        "       stages: [{until: 4s, users: 4}, {until: 7s, users: 0}, {until: 30s, users: 4}]}\n"
+        "probes: {count: 4, interval: 1s}\n"
+        "faults: {windows: [\n"
+        "  {fault: memory_fraction, at: 2s, duration: 1s, params: {role: prefill, max_total_tokens: 2048}},\n"
+        "  {fault: cache_flush, at: 4.5s, duration: 2s, params: {role: both, interval_s: 0.5}}]}\n"
+    )
+    result = subprocess.run([sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--quiet"],
+                            capture_output=True, text=True, timeout=540, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    with Journal.open(out, readonly=True) as journal:
+        held = [e.data for e in journal.iter_events(kind="phase") if e.name == "schedule:held"]
+        windows = windows_from_events(journal.iter_events(kind="fault"))
+        load_sends = [r.t_send for r in journal.iter_requests() if r.phase == "load" and r.t_send is not None]
+        load_started = journal.get_meta("load_started_at")
+    restart, flush = windows
+    assert held and held[0]["window"] == "w1" and held[0]["overrun_s"] > 0, held
+    assert flush.confirmed, flush.confirm_evidence
+    assert flush.start is not None and flush.end is not None
+    # the restart, its aftershock and its provocation's last waves outlast the lull's wall time
+    assert flush.start - load_started > 7.0, "the flush did not start after the lull's planned end: nothing was held"
+    during = [t for t in load_sends if flush.start <= t <= flush.end]
+    assert not during, f"{len(during)} load request(s) sent during the flush, which the campaign put in a lull"
+    assert max(load_sends) > flush.end  # and the load came back after the lull
+
+
 def _injected(run_dir: Path) -> bool:
     try:
         with Journal.open(run_dir, readonly=True) as journal:
