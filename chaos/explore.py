@@ -5,8 +5,10 @@ draws N seeded random schedules from the campaign's own fault windows (each keep
 order, the count and the durations are drawn), runs each as a whole qualification run, and stops
 at the first FAIL. Then it shrinks the failing schedule the way property-based testing and Jepsen
 report a counterexample: drop one window at a time, then shorten the load, keeping each step only
-while the run still FAILs. What is left is written as `RUN_DIR/reproduce.yaml`, a campaign that
-`pdchaos run` takes as it is; `RUN_DIR/explore.json` lists every attempt and its verdict.
+while the run still FAILs. The result is run once more, and where it does not FAIL again (a
+timing-dependent bug can FAIL one step by luck) the steps are walked back until one does. What is
+left is written as `RUN_DIR/reproduce.yaml`, a campaign that `pdchaos run` takes as it is;
+`RUN_DIR/explore.json` lists every attempt and its verdict.
 """
 
 from __future__ import annotations
@@ -102,9 +104,7 @@ def explore(campaign: Campaign, n: int, out: Path, run: Run, say: Callable[[str]
     if failing is None:
         say(f"no FAIL in {n} drawn schedule(s)")
         return (Verdict.PASS if all(a.verdict == "PASS" for a in attempts) else Verdict.INCONCLUSIVE), None
-    minimal = shrink(failing, out, attempt)
-    # A counterexample is only worth its file if it fails again: timing-dependent bugs may not.
-    again = attempt("confirm: the shrunk schedule once more", minimal, out / "confirm") is Verdict.FAIL
+    minimal, again = confirmed(shrink_steps(failing, out, attempt), out, attempt)
     path = out / "reproduce.yaml"
     data = minimal.model_dump(mode="json")
     data["name"] = f"{campaign.name}-counterexample"
@@ -117,10 +117,27 @@ def explore(campaign: Campaign, n: int, out: Path, run: Run, say: Callable[[str]
     return Verdict.FAIL, path
 
 
+def confirmed(steps: list[Campaign], out: Path, attempt: Callable[[str, Campaign, Path], Verdict]) -> tuple[Campaign, bool]:
+    """The most shrunk schedule that FAILs once more, walking back through the shrink's steps: a
+    timing-dependent bug can FAIL a step once by luck, and a counterexample is only worth its
+    file if it fails again. (The last step, False) when none does."""
+    for back, candidate in enumerate(reversed(steps)):
+        label = "confirm: the shrunk schedule once more" if back == 0 else f"confirm: the shrink's step {len(steps) - 1 - back} once more"
+        if attempt(label, candidate, out / ("confirm" if back == 0 else f"confirm-{back}")) is Verdict.FAIL:
+            return candidate, True
+    return steps[-1], False
+
+
 def shrink(failing: Campaign, out: Path, attempt: Callable[[str, Campaign, Path], Verdict]) -> Campaign:
     """Drop windows one at a time (the rest moved up), then cut the load's tail, while the run
     still FAILs."""
+    return shrink_steps(failing, out, attempt)[-1]
+
+
+def shrink_steps(failing: Campaign, out: Path, attempt: Callable[[str, Campaign, Path], Verdict]) -> list[Campaign]:
+    """`shrink`, with every schedule it kept on the way: the failing one first, the smallest last."""
     current = failing
+    kept = [failing]
     step = 0
     i = 0
     while len(current.windows()) > 1 and i < len(current.windows()):
@@ -130,6 +147,7 @@ def shrink(failing: Campaign, out: Path, attempt: Callable[[str, Campaign, Path]
         step += 1
         if attempt(f"shrink {step}: without {dropped['fault']}", candidate, out / f"shrink-{step}") is Verdict.FAIL:
             current = candidate  # the same index now names the next window
+            kept.append(current)
         else:
             i += 1
     windows = [_window_dict(w) for w in current.windows()]
@@ -139,8 +157,8 @@ def shrink(failing: Campaign, out: Path, attempt: Callable[[str, Campaign, Path]
         candidate = _with_schedule(current, windows, current.seed, current.name, load_s=round(shorter, 1))
         step += 1
         if attempt(f"shrink {step}: load {shorter:g}s", candidate, out / f"shrink-{step}") is Verdict.FAIL:
-            current = candidate
-    return current
+            kept.append(candidate)
+    return kept
 
 
 def _window_dict(window: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from chaos.campaign import load_campaign
-from chaos.explore import draw_schedule, shrink
+from chaos.explore import confirmed, draw_schedule, shrink, shrink_steps
 from chaos.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +45,24 @@ def test_shrinking_keeps_only_what_the_failure_needs(tmp_path: Path) -> None:
     assert [w.fault for w in minimal.windows()] == ["client_abort"]
     assert minimal.load.duration_s < campaign.load.duration_s
     assert any("without transfer_stall" in t for t in tried) and any("without client_abort" in t for t in tried)
+
+
+def test_a_shrunk_schedule_that_does_not_fail_again_gives_way_to_the_step_before_that_does(tmp_path: Path) -> None:
+    """A timing-dependent FAIL: the smallest schedule failed once by luck and passes when confirmed;
+    the counterexample is the last step that fails twice, not the lucky one."""
+    campaign = draw_schedule(load_campaign(POOL), 1)
+    steps = shrink_steps(campaign, tmp_path, lambda *_: Verdict.FAIL)  # every removal "fails" once
+    assert len(steps) >= 3 and steps[0] is campaign
+    lucky, before = steps[-1], steps[-2]
+    tried: list[str] = []
+
+    def attempt(label: str, candidate, run_dir: Path) -> Verdict:  # type: ignore[no-untyped-def]
+        tried.append(label)
+        return Verdict.PASS if candidate is lucky else Verdict.FAIL
+
+    assert confirmed(steps, tmp_path, attempt) == (before, True)
+    assert tried == ["confirm: the shrunk schedule once more", f"confirm: the shrink's step {len(steps) - 2} once more"]
+    assert confirmed(steps, tmp_path, lambda *_: Verdict.PASS) == (lucky, False)  # none fails again: said in the file
 
 
 @pytest.mark.integration
