@@ -335,8 +335,8 @@ class Runner:
 
     def _fault_schedule(self, windows: list[WindowSpec], load_started: threading.Event, load_done: threading.Event) -> None:
         """Windows at their schedule times; one at a time, each healed before the next. The
-        schedule clock stands still while a window runs past its planned end or cannot start on
-        time, so the load's stages (a lull around a flush) stay where the campaign put them."""
+        schedule clock stands still where the faults are behind (`_hold_point`), so the load's
+        stages (a lull around a flush) stay where the campaign put them."""
         while not load_started.wait(0.5):
             if self.stop.is_set() or load_done.is_set():
                 return
@@ -351,18 +351,31 @@ class Runner:
                     provoker.join()  # one window's traffic at a time: findings name their window
                 if self.stop.is_set() or load_done.is_set() or self.wedged.is_set():
                     return
-                late = clock.hold_at(window.at_s + window.duration_s)  # the clock may run to its planned end
+                next_at = windows[n + 1].at_s if n + 1 < len(windows) else None
+                late = clock.hold_at(self._hold_point(window, next_at))
                 provoker = self._run_window(n, window)
                 self._aftershock(window)  # while the provocation's after-heal waves still run
-                over = clock.hold_at(windows[n + 1].at_s if n + 1 < len(windows) else None)
+                over = clock.hold_at(next_at)
                 self._journal_hold(f"w{n + 1}", late, over)
         finally:
             if provoker is not None:
                 provoker.join()
 
+    def _hold_point(self, window: WindowSpec, next_at: float | None) -> float | None:
+        """Where the clock waits while `window` runs: the next window's start, or the first stage
+        boundary at or after the window's planned end (the lull after the aborts, the load's end)
+        if that comes first. A window's heal and aftershock may overrun into the quiet time the
+        campaign left after it; they never carry it into a stage meant to follow them."""
+        load = self.campaign.load
+        ends = [s.until_s for s in load.stages] if load.shape == "stages" else []
+        planned_end = window.at_s + window.duration_s
+        boundaries = [t for t in (*ends, load.duration_s) if t >= planned_end]
+        points = [t for t in (next_at, min(boundaries, default=None)) if t is not None]
+        return min(points, default=None)
+
     def _journal_hold(self, window_id: str, late_s: float, over_s: float) -> None:
         """What the schedule clock stood still for, when it is worth a line: a start held back by
-        the previous window's traffic, or the window's heal and aftershock past its planned end."""
+        the previous window's traffic, or the window's heal and aftershock past its hold point."""
         assert self.journal is not None
         if late_s + over_s < HOLD_WORTH_NOTING_S:
             return
@@ -370,7 +383,7 @@ class Runner:
             "window": window_id, "late_start_s": round(late_s, 1), "overrun_s": round(over_s, 1),
             "total_held_s": round(self.clock.held_s(), 1)}))
         self._say(f"schedule held {late_s + over_s:.1f} s for {window_id} (started {late_s:.1f} s late, "
-                  f"ran {over_s:.1f} s past its planned end); the load's stages wait with it")
+                  f"ran {over_s:.1f} s past its hold point); the load's stages wait with it")
 
     def _run_window(self, n: int, window: WindowSpec) -> Provoker:
         assert self.target is not None

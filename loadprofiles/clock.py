@@ -8,10 +8,14 @@ lull meets full load (the engine refuses to flush, the window stays unconfirmed,
 INCONCLUSIVE for a reason that has nothing to do with the target).
 
 So the load's shape reads schedule time, and the fault schedule holds it: the clock may not run
-past its *barrier*, the next point the schedule has not reached yet (a window's planned start
-until the window starts; its planned end until it is healed and its aftershock probes are in).
-While the clock stands at the barrier the load stays in the stage the campaign put there; once
-the schedule catches up, the barrier moves on and the held time is added to `held_s`.
+past its *barrier*, the next point of the timeline the faults have not caught up with. That is a
+window's start until the previous window's traffic is done and it starts; while a window runs,
+the next window's start or, if it comes first, the first stage boundary at or after the window's
+planned end (the lull meant to follow it, the load's end), until it is healed and its aftershock
+probes are in. A window's tail may use the quiet time its campaign left after it; it never
+carries into the stage meant to follow it. While the clock stands at the barrier the load stays in
+the stage it is in; once the schedule catches up the barrier moves on, and the time held is added
+to `held_s` (the load lasts that much longer).
 
 The runner owns a `ScheduleClock`; each Locust process gets its `ClockState` through a small file
 beside it (`read_state`), written by its Ray actor, so the shape needs no connection of its own.

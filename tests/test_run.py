@@ -72,7 +72,7 @@ def test_the_load_stages_wait_while_a_window_runs_past_its_planned_end(tmp_path:
         load_sends = [r.t_send for r in journal.iter_requests() if r.phase == "load" and r.t_send is not None]
         load_started = journal.get_meta("load_started_at")
     restart, flush = windows
-    assert held and held[0]["window"] == "w1" and held[0]["overrun_s"] > 0, held
+    assert held and held[-1]["total_held_s"] > 1.0, held  # the restart's tail, the flush's late start
     assert flush.confirmed, flush.confirm_evidence
     assert flush.start is not None and flush.end is not None
     # the restart, its aftershock and its provocation's last waves outlast the lull's wall time

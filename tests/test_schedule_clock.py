@@ -79,3 +79,20 @@ def test_the_state_reaches_a_shape_through_its_file_and_the_stages_wait(tmp_path
     assert ClockState().now(1040.0) is None  # not started: the shape keeps Locust's own run time
     path.write_text("{not json")
     assert read_state(path) is None
+
+
+def test_a_window_holds_the_clock_at_the_next_start_or_the_stage_meant_to_follow_it(tmp_path: Path) -> None:
+    """The default campaign: each window's hold point is the next window's start, unless a stage
+    boundary comes first at or after its planned end (the lull after the aborts at 29 s, the lull
+    around the flush at 128 s and its end at 145 s, the load's end at 170 s)."""
+    from chaos.campaign import load_campaign
+    from chaos.runner import Runner
+
+    campaign = load_campaign(Path(__file__).resolve().parent.parent / "campaigns" / "default.yaml")
+    runner = Runner(campaign, tmp_path, progress=False)
+    windows = campaign.windows()
+    points = [runner._hold_point(w, windows[n + 1].at_s if n + 1 < len(windows) else None) for n, w in enumerate(windows)]
+    assert [(w.fault, p) for w, p in zip(windows, points)] == [
+        ("kv_transfer", 14.0), ("client_abort", 29.0), ("transfer_stall", 50.0), ("memory_fraction", 71.0),
+        ("engine_failure", 97.0), ("router_link", 108.0), ("process_kill", 120.0), ("over_length_burst", 128.0),
+        ("cache_flush", 145.0), ("process_kill", 170.0)]
