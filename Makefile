@@ -8,7 +8,7 @@ export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 export RAY_AUTH_MODE := disabled
 export HF_ENDPOINT := http://127.0.0.1:9
 
-.PHONY: run test install bench clean vllm-env sglang-env
+.PHONY: run test install bench clean vllm-env sglang-env sglang-old-env
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,9 +21,17 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/pdchaos run campaigns/default.yaml
 
-# The tests include the real-engine tier, so they install it first (once: later runs find it).
-test: $(STAMP) vllm-env
+# The tests include the real-engine tiers, so they install them first (once: later runs find
+# them): vLLM CPU, SGLang CPU 0.5.23, and SGLang 0.5.19, the last release before the admission
+# fixes, as an overlay on 0.5.23 (the incident reproduced, old release against new). `make -j3
+# test` builds the three venvs side by side.
+SGLANG_OLD_VERSION := 0.5.19
+
+test: $(STAMP) vllm-env sglang-env sglang-old-env
 	$(BIN)/python -m pytest --durations=30 $(PYTEST_ARGS)
+
+sglang-old-env: sglang-env
+	$(MAKE) --no-print-directory sglang-env SGLANG_VERSION=$(SGLANG_OLD_VERSION)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/router_throughput.py
@@ -55,39 +63,75 @@ vllm-env: $(VLLM_MODEL)/.built
 # its requirements minus the CUDA-only ones; the libraries Mooncake links (libibverbs & co) are
 # unpacked from Debian packages into the venv (no root needed); our stand-in `sgl_kernel` goes into
 # site-packages; patch_sources.py adds the two CPU conditions to SGLang's disaggregation code, or
-# fails, changing nothing, when a version's text differs. Another version gets its own venv:
-# `make sglang-env SGLANG_VERSION=0.5.19`.
-SGLANG_VERSION ?= 0.5.23
-SGLANG_VENV    ?= $(if $(filter 0.5.23,$(SGLANG_VERSION)),.venv-sglang,.venv-sglang-$(SGLANG_VERSION))
+# fails, changing nothing, when a version's text differs. That is the full venv, .venv-sglang, of
+# SGLang 0.5.23. Another version is an overlay on it (below):
+# `make sglang-env SGLANG_VERSION=0.5.19` makes .venv-sglang-0.5.19.
+SGLANG_BASE_VERSION := 0.5.23
+SGLANG_BASE    ?= .venv-sglang
+SGLANG_VERSION ?= $(SGLANG_BASE_VERSION)
+SGLANG_VENV    ?= $(if $(filter $(SGLANG_BASE_VERSION),$(SGLANG_VERSION)),$(SGLANG_BASE),.venv-sglang-$(SGLANG_VERSION))
 SGLANG_PY      := $(SGLANG_VENV)/bin/python
 SGLANG_STAMP   := $(SGLANG_VENV)/.installed
 SGLANG_CPU     := chaos/targets/sglang/cpu
-SGLANG_LIBS    := $(SGLANG_VENV)/native
-SGLANG_MODEL   := $(SGLANG_VENV)/models/tiny-llama
+SGLANG_OURS    := $(SGLANG_CPU)/requirements.py $(SGLANG_CPU)/patch_sources.py $(SGLANG_CPU)/stubs/sgl_kernel/__init__.py
+SGLANG_EXTRAS  := mooncake-transfer-engine-non-cuda==0.3.13.post1 sglang-router==0.3.2
 SGLANG_DEBS    := libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200
+SGLANG_BASE_PY    := $(SGLANG_BASE)/bin/python
+SGLANG_BASE_STAMP := $(SGLANG_BASE)/.installed
+SGLANG_BASE_LIBS  := $(SGLANG_BASE)/native
+SGLANG_BASE_MODEL := $(SGLANG_BASE)/models/tiny-llama
+# In a recipe: the site-packages of the venv whose python is $(1), absolute.
+sglang_purelib = $$($(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-$(SGLANG_STAMP): $(SGLANG_CPU)/requirements.py $(SGLANG_CPU)/patch_sources.py $(SGLANG_CPU)/stubs/sgl_kernel/__init__.py
-	test -x $(SGLANG_PY) || $(PYTHON) -m venv $(SGLANG_VENV)
-	$(SGLANG_PY) -m pip install -q --upgrade pip packaging
+$(SGLANG_BASE_STAMP): $(SGLANG_OURS)
+	test -x $(SGLANG_BASE_PY) || $(PYTHON) -m venv $(SGLANG_BASE)
+	$(SGLANG_BASE_PY) -m pip install -q --upgrade pip packaging
+	$(SGLANG_BASE_PY) -m pip install -q --no-deps sglang==$(SGLANG_BASE_VERSION)
+	$(SGLANG_BASE_PY) $(SGLANG_CPU)/requirements.py > $(SGLANG_BASE)/cpu-requirements.txt
+	$(SGLANG_BASE_PY) -m pip install -q -r $(SGLANG_BASE)/cpu-requirements.txt
+	$(SGLANG_BASE_PY) -m pip install -q $(SGLANG_EXTRAS)
+	rm -rf $(SGLANG_BASE_LIBS) && mkdir -p $(SGLANG_BASE_LIBS)/debs
+	cd $(SGLANG_BASE_LIBS)/debs && (apt-get download $(SGLANG_DEBS) || { apt-get update -qq && apt-get download $(SGLANG_DEBS); })
+	for deb in $(SGLANG_BASE_LIBS)/debs/*.deb; do dpkg -x $$deb $(SGLANG_BASE_LIBS)/root; done
+	mkdir -p $(SGLANG_BASE_LIBS)/lib && find $(SGLANG_BASE_LIBS)/root -maxdepth 4 -name 'lib*.so.*' -exec cp -P {} $(SGLANG_BASE_LIBS)/lib/ \;
+	/sbin/ldconfig -n $(SGLANG_BASE_LIBS)/lib
+	cp -r $(SGLANG_CPU)/stubs/sgl_kernel $(call sglang_purelib,$(SGLANG_BASE_PY))/
+	$(SGLANG_BASE_PY) $(SGLANG_CPU)/patch_sources.py
+	LD_LIBRARY_PATH=$(abspath $(SGLANG_BASE_LIBS)/lib) SGLANG_USE_CPU_ENGINE=1 $(SGLANG_BASE_PY) -c 'import sglang.srt.mem_cache.allocation, mooncake.engine, sglang_router; print("sglang-env: imports ok")'
+	touch $(SGLANG_BASE_STAMP)
+
+$(SGLANG_BASE_MODEL)/.built: $(SGLANG_BASE_STAMP) chaos/targets/vllm/model.py
+	HF_HUB_OFFLINE=1 $(SGLANG_BASE_PY) chaos/targets/vllm/model.py $(SGLANG_BASE_MODEL)
+	touch $@
+
+ifeq ($(SGLANG_VENV),$(SGLANG_BASE))
+sglang-env: $(SGLANG_BASE_MODEL)/.built
+else
+# Another version: a venv holding only what differs from the full one. A .pth appends the full
+# venv's site-packages after the overlay's own, so pip sees everything there as installed and puts
+# into the overlay only the requirements the full venv lacks or has at another version (it says
+# "Not uninstalling X ..., outside environment": the full venv is never changed). The overlay has
+# no pip of its own (--without-pip): the full venv's runs. The native libraries and the tiny model
+# are the full venv's (symlinks); our stub is copied, and patch_sources.py is given the overlay's
+# sglang. A full venv of another version (3 min more, 6.3 GB) would be
+# `make sglang-env SGLANG_BASE=... SGLANG_BASE_VERSION=...`.
+$(SGLANG_STAMP): $(SGLANG_BASE_STAMP) $(SGLANG_OURS)
+	test -x $(SGLANG_PY) || $(SGLANG_BASE_PY) -m venv --without-pip $(SGLANG_VENV)
+	echo "$(call sglang_purelib,$(SGLANG_BASE_PY))" > "$(call sglang_purelib,$(SGLANG_PY))/_pdchaos_base_venv.pth"
 	$(SGLANG_PY) -m pip install -q --no-deps sglang==$(SGLANG_VERSION)
 	$(SGLANG_PY) $(SGLANG_CPU)/requirements.py > $(SGLANG_VENV)/cpu-requirements.txt
 	$(SGLANG_PY) -m pip install -q -r $(SGLANG_VENV)/cpu-requirements.txt
-	$(SGLANG_PY) -m pip install -q mooncake-transfer-engine-non-cuda==0.3.13.post1 sglang-router==0.3.2
-	rm -rf $(SGLANG_LIBS) && mkdir -p $(SGLANG_LIBS)/debs
-	cd $(SGLANG_LIBS)/debs && (apt-get download $(SGLANG_DEBS) || { apt-get update -qq && apt-get download $(SGLANG_DEBS); })
-	for deb in $(SGLANG_LIBS)/debs/*.deb; do dpkg -x $$deb $(SGLANG_LIBS)/root; done
-	mkdir -p $(SGLANG_LIBS)/lib && find $(SGLANG_LIBS)/root -maxdepth 4 -name 'lib*.so.*' -exec cp -P {} $(SGLANG_LIBS)/lib/ \;
-	/sbin/ldconfig -n $(SGLANG_LIBS)/lib
-	cp -r $(SGLANG_CPU)/stubs/sgl_kernel $$($(SGLANG_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/
-	$(SGLANG_PY) $(SGLANG_CPU)/patch_sources.py
-	LD_LIBRARY_PATH=$(abspath $(SGLANG_LIBS)/lib) SGLANG_USE_CPU_ENGINE=1 $(SGLANG_PY) -c 'import sglang.srt.mem_cache.allocation, mooncake.engine, sglang_router; print("sglang-env: imports ok")'
+	$(SGLANG_PY) -m pip install -q $(SGLANG_EXTRAS)
+	rm -rf $(SGLANG_VENV)/native $(SGLANG_VENV)/models && mkdir -p $(SGLANG_VENV)/models
+	ln -s $(abspath $(SGLANG_BASE_LIBS)) $(SGLANG_VENV)/native
+	ln -s $(abspath $(SGLANG_BASE_MODEL)) $(SGLANG_VENV)/models/tiny-llama
+	cp -r $(SGLANG_CPU)/stubs/sgl_kernel $(call sglang_purelib,$(SGLANG_PY))/
+	$(SGLANG_PY) $(SGLANG_CPU)/patch_sources.py $(call sglang_purelib,$(SGLANG_PY))/sglang
+	LD_LIBRARY_PATH=$(abspath $(SGLANG_VENV)/native/lib) SGLANG_USE_CPU_ENGINE=1 $(SGLANG_PY) -c 'import sys, sglang, sgl_kernel, sglang.srt.mem_cache.allocation, mooncake.engine, sglang_router; assert sglang.__version__ == "$(SGLANG_VERSION)" and sglang.__file__.startswith(sys.prefix + "/") and sgl_kernel.__file__.startswith(sys.prefix + "/"), (sglang.__file__, sgl_kernel.__file__); print("sglang-env: imports ok, sglang", sglang.__version__, "from", sglang.__file__)'
 	touch $(SGLANG_STAMP)
 
-$(SGLANG_MODEL)/.built: $(SGLANG_STAMP) chaos/targets/vllm/model.py
-	HF_HUB_OFFLINE=1 $(SGLANG_PY) chaos/targets/vllm/model.py $(SGLANG_MODEL)
-	touch $@
-
-sglang-env: $(SGLANG_MODEL)/.built
+sglang-env: $(SGLANG_STAMP) $(SGLANG_BASE_MODEL)/.built
+endif
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .venv-sglang* build *.egg-info
