@@ -1,7 +1,7 @@
 """The request columns the plots and latency tables need, read straight into numpy arrays.
 
 `Journal.iter_requests` builds a full `RequestRecord` per row (every column, two JSON decodes);
-for 50k requests that alone takes several seconds. The reports need eight columns and every
+for 50k requests that alone takes several seconds. The reports need nine columns and every
 token time, so they read just those with one query on their own read-only connection, and parse
 all token times in one vectorised call. The journal's schema version is checked by
 `Journal.open` before this runs, so the column names are the contract's.
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 OUTCOME_CODES = {"ok": 0, "fail": 1, "info": 2}
-_QUERY = ("SELECT t_send, t_first_token, t_end, outcome, phase, user_kind, error_class, token_times "
+_QUERY = ("SELECT t_send, t_first_token, t_end, outcome, status, phase, user_kind, error_class, token_times "
           "FROM requests ORDER BY rowid")
 
 
@@ -32,6 +32,7 @@ class RequestColumns:
     t_first_token: np.ndarray = field(default_factory=_empty_floats)
     t_end: np.ndarray = field(default_factory=_empty_floats)
     outcome: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int8))  # OUTCOME_CODES
+    status: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int16))  # HTTP status; -1: none
     phase: list[str | None] = field(default_factory=list)
     user_kind: list[str] = field(default_factory=list)
     error_class: list[str | None] = field(default_factory=list)
@@ -70,7 +71,7 @@ def _concatenate(parts: list[RequestColumns]) -> RequestColumns:
 
 
 def _parse(rows: list[tuple], shared: dict[str, str]) -> RequestColumns:
-    t_send, first, end, outcome, phase, kind, error, tokens = zip(*rows)
+    t_send, first, end, outcome, status, phase, kind, error, tokens = zip(*rows)
     # Token times are JSON lists of floats: strip the brackets, join, and parse once, in C.
     counts = np.fromiter((0 if t == "[]" else t.count(",") + 1 for t in tokens), dtype=np.int64, count=len(rows))
     joined = ",".join(t[1:-1] for t in tokens if t != "[]")
@@ -80,6 +81,7 @@ def _parse(rows: list[tuple], shared: dict[str, str]) -> RequestColumns:
     return RequestColumns(
         t_send=_floats(t_send), t_first_token=_floats(first), t_end=_floats(end),
         outcome=np.fromiter((OUTCOME_CODES.get(o, 2) for o in outcome), dtype=np.int8, count=len(rows)),
+        status=np.fromiter((-1 if v is None else v for v in status), dtype=np.int16, count=len(rows)),
         phase=_shared(phase, shared), user_kind=_shared(kind, shared), error_class=_shared(error, shared),
         token_counts=counts, token_times=flat,
     )

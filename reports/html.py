@@ -80,7 +80,7 @@ def _banner(report: RunReport) -> str:
 
 
 def _cards(report: RunReport) -> str:
-    t = report.traffic
+    t, e = report.traffic, report.endings
     confirmed = sum(1 for f in report.faults if f.confirmed is True)
     healed = sum(1 for f in report.faults if f.end is not None and f.healed)
     duration = (report.ended_at - report.origin) if report.ended_at else (t.last_end - report.origin if t.last_end else None)
@@ -88,6 +88,8 @@ def _cards(report: RunReport) -> str:
         ("leaks", str(len(report.leaks)), "bad" if report.leaks else "good"),
         ("requests", f"{t.counts.total:,}", ""),
         ("ok / fail / info", f"{t.counts.ok:,} / {t.counts.fail:,} / {t.counts.info:,}", ""),
+        ("answered / as intended / under a fault", f"{e.answered:,} / {e.as_intended:,} / {e.under_fault:,}", ""),
+        ("unexplained endings", f"{e.unexplained:,}", "warn" if e.unexplained else "good"),
         ("faults confirmed", f"{confirmed} of {len(report.faults)}", "warn" if confirmed < len(report.faults) else ""),
         ("faults healed", f"{healed} of {len(report.faults)}", "bad" if healed < len(report.faults) else ""),
         ("TTFT p99 outside / under faults",
@@ -333,6 +335,16 @@ def _traffic(report: RunReport) -> str:
     out.append("<h3>Outcomes</h3>" + table(("requests", "total", "ok", "fail", "info"),
                                             [(escape(k), f"{c.total:,}", f"{c.ok:,}", f"{c.fail:,}", f"{c.info:,}") for k, c in counts],
                                             numeric=(1, 2, 3, 4)))
+    e = report.endings
+    out.append("<h3>Endings</h3><p>How each request of the load ended, read for a release decision "
+               "(the baseline aside): <em>as intended</em> is an over-length prompt refused with a 4xx or an "
+               "abort that ended as one (whether each refusal was the right one is the status oracle's "
+               "verdict); <em>under a fault</em> is any other ending of a request sent while a fault was "
+               "active or just after its heal; <em>unexplained</em> is the rest, worth reading one by one.</p>"
+               + table(("answered", "as intended", "under a fault", "unexplained", "unexplained by error class"),
+                       [(f"{e.answered:,}", f"{e.as_intended:,}", f"{e.under_fault:,}", f"{e.unexplained:,}",
+                         escape(", ".join(f"{k} {n:,}" for k, n in e.unexplained_error_classes) or "—"))],
+                       numeric=(0, 1, 2, 3)))
     if t.error_classes:
         out.append("<h3>Error classes</h3>" + table(
             ("error class", "whole run", "under faults"),

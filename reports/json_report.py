@@ -63,7 +63,7 @@ def report_json(report: RunReport) -> dict[str, Any]:
              "summary": leak.finding.summary}
             for leak in report.leaks
         ],
-        "requests": {**t.counts.to_json(), "by_phase": {k: v.to_json() for k, v in t.by_phase.items()},
+        "requests": {**t.counts.to_json(), "endings": report.endings.to_json(), "by_phase": {k: v.to_json() for k, v in t.by_phase.items()},
                      "by_user_kind": {k: v.to_json() for k, v in t.by_user_kind.items()}},
         "latency": {"overall": _latency(t.overall), "outside_faults": _latency(t.outside_faults),
                     "under_faults": _latency(t.under_faults)},

@@ -11,6 +11,7 @@ from html import escape
 
 from reports.htmlkit import ms, pct
 from reports.model import RunReport
+from reports.outcomes import OutcomeClasses
 
 MAX_LEAKS = 10
 SYMBOL = {"PASS": "✅ PASS", "FAIL": "❌ FAIL", "INCONCLUSIVE": "⚠️ INCONCLUSIVE", "INCOMPLETE": "⛔ INCOMPLETE", "NOT RUN": "— not run"}
@@ -22,6 +23,13 @@ def md(text: object) -> str:
     for ch in "`*_[]":
         out = out.replace(ch, "\\" + ch)
     return out
+
+
+def endings_line(e: OutcomeClasses) -> str:
+    """The four classes of reports/outcomes.py in one line, the unexplained ones named."""
+    top = ", ".join(f"{md(name)} {n:,}" for name, n in e.unexplained_error_classes[:3])
+    return (f"answered {e.answered:,} · ended as intended {e.as_intended:,} (over-length prompts refused, aborts) · "
+            f"under a fault {e.under_fault:,} · **unexplained {e.unexplained:,}**" + (f" ({top})" if top else ""))
 
 
 def render_markdown(report: RunReport) -> str:
@@ -36,6 +44,8 @@ def render_markdown(report: RunReport) -> str:
     lines += [
         f"**Leaks:** {len(report.leaks)} · **requests:** {t.counts.total:,} (ok {t.counts.ok:,}, fail {t.counts.fail:,}, "
         f"info {t.counts.info:,}) · **faults confirmed:** {confirmed}/{len(report.faults)} · **exit code:** {report.exit_code}",
+        "",
+        f"**Endings** (the baseline aside): {endings_line(report.endings)}",
         "",
     ]
     if report.matrix and report.matrix[0].cells:

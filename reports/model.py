@@ -25,6 +25,7 @@ from chaos.verdict import Finding, OracleResult, Verdict, combine
 from chaos.windows import windows_from_events
 from reports.columns import read_columns
 from reports.matrix import MatrixRow, build_matrix
+from reports.outcomes import OutcomeClasses, classify
 from reports.traffic import Span, Traffic, compute_traffic
 
 INCOMPLETE = "INCOMPLETE"
@@ -123,6 +124,7 @@ class RunReport:
     leaks: list[Leak]
     matrix: list[MatrixRow]
     problems: list[str] = field(default_factory=list)
+    endings: OutcomeClasses = field(default_factory=OutcomeClasses)  # answered, as intended, under a fault, unexplained
 
     # -- the headline --------------------------------------------------------------------------
 
@@ -225,12 +227,14 @@ def load_run(run_dir: str | Path) -> RunReport:
         origin = _origin(meta, events.first_t, first_send)
         spans = [Span(f.label, f.start, f.end) for f in faults if f.start is not None]
         traffic = compute_traffic(columns, origin, spans)
+        endings = classify(columns, spans)
         oracles = list(events.oracles.values())
         leaks = _leaks(journal, oracles)
     report = RunReport(
         run_dir=run_dir, meta=meta, origin=origin, faults=faults, oracles=oracles, gates=events.gates,
         recorded=events.recorded, phases=events.phases, pool=events.pool, traffic=traffic, leaks=leaks,
         matrix=build_matrix(faults, oracles, events.gates, _enabled_oracles(meta)), problems=events.problems,
+        endings=endings,
     )
     return report
 

@@ -40,6 +40,9 @@ def test_the_default_campaign_passes_with_every_fault_confirmed_and_healed(tmp_p
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "PASS" and report["exit_code"] == 0 and report["leaks"] == []
     assert report["requests"]["total"] > 200
+    # Every not-ok ending of the clean engine is explained: refused as it should be, or hit by a fault
+    endings = report["requests"]["endings"]
+    assert endings["unexplained"] <= report["requests"]["total"] // 100, endings
     assert len(ET.parse(out / "junit.xml").getroot().findall(".//testcase")) >= 10 * 8
     assert (out / "report.html").read_text().count("<svg") >= 4
     assert (out / "reproduce.yaml").exists() and (out / "summary.md").exists()

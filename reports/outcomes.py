@@ -1,0 +1,95 @@
+"""What each request's ending means to a reader: answered, ended as intended, hit by a fault, or
+unexplained.
+
+A request's outcome (ok / fail / info, Jepsen's) says whether it is known to have succeeded. A
+release manager needs another cut: a PASS run of the default campaign ends about a third of its
+requests "fail", most of them over-length prompts refused with 400 (what the incident's fix
+demands) and connection errors while the router was killed on purpose. Read as errors, they make
+the PASS look wrong, or teach the reader to skip the column. So every request falls in one class:
+
+* answered: outcome ok.
+* as intended: the ending its sender asked for. An over-length prompt (the `over_length` user,
+  the over-length burst) refused with a 4xx; an aborting client's request (the `aborting` user,
+  `client_abort`'s own requests) ended as an abort or a disconnect; a request the load stopped at
+  its end. Whether each refusal was the *right* one (a 4xx about length, not a 404) is the status
+  oracle's to judge: a wrong one is its finding, not hidden here.
+* under a fault: any other ending, of a request in flight while a fault window was open or within
+  `AFTERSHOCK_S` after its heal (sent before the window closed, ended after it opened: the
+  exposure the oracles use, chaos/windows.py).
+* unexplained: the rest. On a healthy target under a well-placed schedule this is about zero;
+  each one is worth reading.
+
+Only the load's phases count (the baseline's isolated references are not traffic), as in
+reports/traffic.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from chaos.windows import AFTERSHOCK_S
+from reports.columns import OUTCOME_CODES, RequestColumns
+from reports.traffic import BASELINE_PHASE, Span
+
+OVER_LENGTH_KINDS = frozenset({"over_length"})  # the load's user and the burst's prompts (faults/traffic.py)
+ABORTING_KINDS = frozenset({"aborting", "fault_abort"})
+ABORT_ENDINGS = frozenset({"abort", "disconnect"})
+SUITE_ENDINGS = frozenset({"load_stopped"})  # the load's end stopped it in flight (loadprofiles/recorder.py)
+
+
+@dataclass(frozen=True)
+class OutcomeClasses:
+    answered: int = 0
+    as_intended: int = 0
+    under_fault: int = 0
+    unexplained: int = 0
+    unexplained_error_classes: tuple[tuple[str, int], ...] = ()  # the most frequent first
+
+    @property
+    def total(self) -> int:
+        return self.answered + self.as_intended + self.under_fault + self.unexplained
+
+    def to_json(self) -> dict[str, object]:
+        return {"answered": self.answered, "as_intended": self.as_intended, "under_fault": self.under_fault,
+                "unexplained": self.unexplained, "unexplained_error_classes": dict(self.unexplained_error_classes)}
+
+
+def as_intended(user_kind: str, status: int, error_class: str | None) -> bool:
+    """Whether a request that did not succeed ended the way its sender meant it to."""
+    if error_class in SUITE_ENDINGS:
+        return True
+    if user_kind in OVER_LENGTH_KINDS:
+        return 400 <= status < 500
+    if user_kind in ABORTING_KINDS:
+        return error_class in ABORT_ENDINGS
+    return False
+
+
+def classify(cols: RequestColumns, spans: Sequence[Span], aftershock_s: float = AFTERSHOCK_S) -> OutcomeClasses:
+    n = len(cols)
+    if n == 0:
+        return OutcomeClasses()
+    loaded = np.fromiter((p != BASELINE_PHASE for p in cols.phase), dtype=bool, count=n)
+    ok = cols.outcome == OUTCOME_CODES["ok"]
+    intended = np.fromiter((as_intended(k, int(s), e) for k, s, e in zip(cols.user_kind, cols.status, cols.error_class)),
+                           dtype=bool, count=n) & ~ok
+    exposed = np.zeros(n, dtype=bool)
+    sent = ~np.isnan(cols.t_send)
+    last = np.where(np.isnan(cols.t_end), cols.t_send, cols.t_end)  # no end recorded: as long as we know
+    for span in spans:
+        inside = sent & (last >= span.start)
+        if span.end is not None:
+            inside &= cols.t_send <= span.end + aftershock_s
+        exposed |= inside
+    under = ~ok & ~intended & exposed
+    rest = loaded & ~ok & ~intended & ~exposed
+    counts: dict[str, int] = {}
+    for error, flagged in zip(cols.error_class, rest):
+        if flagged:
+            counts[error or "none"] = counts.get(error or "none", 0) + 1
+    return OutcomeClasses(
+        answered=int((loaded & ok).sum()), as_intended=int((loaded & intended).sum()), under_fault=int((loaded & under).sum()),
+        unexplained=int(rest.sum()), unexplained_error_classes=tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))))
