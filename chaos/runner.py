@@ -337,12 +337,12 @@ class Runner:
         """Windows at their schedule times; one at a time, each healed before the next. The
         schedule clock stands still where the faults are behind (`_hold_point`), so the load's
         stages (a lull around a flush) stay where the campaign put them."""
-        while not load_started.wait(0.5):
-            if self.stop.is_set() or load_done.is_set():
-                return
         clock = self.clock
         provoker: Provoker | None = None
         try:
+            while not load_started.wait(0.5):
+                if self.stop.is_set() or load_done.is_set():
+                    return
             for n, window in enumerate(windows):
                 wait = clock.wall_until(window.at_s)
                 if wait > 0 and (self.stop.wait(wait) or load_done.is_set()):
@@ -358,6 +358,9 @@ class Runner:
                 over = clock.hold_at(next_at)
                 self._journal_hold(f"w{n + 1}", late, over)
         finally:
+            # However the schedule ends (the last window, a wedged target, a stop), nothing holds
+            # the load any longer: it runs out its stages.
+            clock.hold_at(None)
             if provoker is not None:
                 provoker.join()
 

@@ -96,3 +96,25 @@ def test_a_window_holds_the_clock_at_the_next_start_or_the_stage_meant_to_follow
         ("kv_transfer", 14.0), ("client_abort", 29.0), ("transfer_stall", 50.0), ("memory_fraction", 71.0),
         ("engine_failure", 97.0), ("router_link", 108.0), ("process_kill", 120.0), ("over_length_burst", 128.0),
         ("cache_flush", 145.0), ("process_kill", 170.0)]
+
+
+def test_a_schedule_that_stops_early_lets_the_load_run_out(tmp_path: Path) -> None:
+    """A wedged target ends the fault schedule before its windows (chaos/runner.py): the barrier it
+    held must go with it, or the load would wait at it forever (a run that never ends)."""
+    import threading
+    import time
+
+    from chaos.campaign import load_campaign
+    from chaos.runner import Runner
+
+    campaign = load_campaign(Path(__file__).resolve().parent.parent / "campaigns" / "default.yaml")
+    runner = Runner(campaign, tmp_path, progress=False)
+    windows = campaign.windows()
+    runner.clock = ScheduleClock(barrier_s=windows[0].at_s)
+    runner.clock.start(time.time() - 30.0)  # 30 s into the load, held at the first window's start
+    runner.wedged.set()
+    started = threading.Event()
+    started.set()
+    runner._fault_schedule(windows, started, threading.Event())
+    assert runner.clock.state().barrier_s is None
+    assert runner.clock.now() == pytest.approx(windows[0].at_s, abs=0.5)  # resumes where it stood
