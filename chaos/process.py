@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,11 +24,26 @@ import httpx
 EXITED = ("Z", "X")
 
 
+_HANDED_OUT: set[tuple[str, int]] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port nobody listens on right now (the OS picks it), and never one this process has
+    handed out before: a port is picked long before its server binds it, and the OS readily hands
+    a port it just released to the next bind, so two picks (or a pick and a server that binds
+    port 0) could meet on one port and the second server fail to start. Our own servers are
+    therefore all given picked ports; only a foreign process binding in that moment can still
+    take one."""
+    with _HANDED_OUT_LOCK:
+        for _ in range(64):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
+                port = int(sock.getsockname()[1])
+            if (host, port) not in _HANDED_OUT:
+                _HANDED_OUT.add((host, port))
+                return port
+    raise OSError(f"no free port on {host} that this process has not handed out already")
 
 
 @dataclass

@@ -30,3 +30,22 @@ def test_stopping_returns_when_every_member_of_the_group_is_gone(tmp_path: Path,
     left = {pid: process_state(pid) for pid in group_members(proc.pgid)}
     assert all(state in ("Z", "X", None) for state in left.values()), left
     proc.popen.wait(timeout=5)
+
+
+def test_free_port_never_hands_out_a_port_twice(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The OS readily gives a just-released port to the next bind: a second pick must not get it
+    (two of fourteen default runs once failed to start that way, a proxy on a worker's port)."""
+    import socket
+
+    from chaos import process
+
+    real = socket.socket
+    offered = iter([50001, 50001, 50001, 50002])
+
+    class Repeating(real):  # type: ignore[misc, valid-type]
+        def getsockname(self):  # type: ignore[no-untyped-def]
+            return ("127.0.0.1", next(offered))
+
+    monkeypatch.setattr(process, "_HANDED_OUT", set())
+    monkeypatch.setattr(process.socket, "socket", Repeating)
+    assert [process.free_port(), process.free_port()] == [50001, 50002]

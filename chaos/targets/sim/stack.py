@@ -140,18 +140,22 @@ class SimStack(LaunchedStack):
         for name, role in (("prefill", "prefill"), ("decode", "decode"), ("router", "router"),
                            ("router_metrics", "router"), ("bootstrap", "prefill")):
             self._ports[name] = self.launcher.free_port(role)
+        # Decode's transfer port is fixed up front, so a proxy in front of it stays valid when
+        # decode restarts; and no server of ours binds port 0 (chaos/process.py's free_port).
+        self._ports["decode_transfer"] = self.launcher.free_port("decode")
         if self.config.proxied_links:
-            # Decode's real transfer port is fixed up front, so the proxy in front of it stays
-            # valid when decode restarts.
-            self._ports["decode_transfer"] = self.launcher.free_port("decode")
+            for link in PROXY_LINKS:
+                self._ports[f"{PROXY_PREFIX}{link}"] = self.launcher.free_port("router")
+                self._ports[f"{PROXY_PREFIX}{link}_control"] = self.launcher.free_port("router")
         self._hosts = {role: self.launcher.host(role) for role in ("prefill", "decode", "router")}
 
     def _settings(self, role: str) -> WorkerSettings:
         settings = self.config.settings_for(role, self._ports[role], self._ports["bootstrap"], self._hosts[role])
-        if role == "decode" and self.config.proxied_links:
-            proxy = self.proxies.get("kv_transfer")
-            settings = replace(settings, transfer_port=self._ports["decode_transfer"],
-                               transfer_advertise=proxy.listen if proxy else "<kv_transfer proxy>")
+        if role == "decode":
+            settings = replace(settings, transfer_port=self._ports["decode_transfer"])
+            if self.config.proxied_links:
+                proxy = self.proxies.get("kv_transfer")
+                settings = replace(settings, transfer_advertise=proxy.listen if proxy else "<kv_transfer proxy>")
         return settings
 
     def _worker_command(self, role: str, settings: WorkerSettings) -> PlannedCommand:
@@ -170,9 +174,9 @@ class SimStack(LaunchedStack):
 
     def _proxy_command(self, link: str) -> PlannedCommand:
         host = self._hosts["router"]  # the proxies sit beside the router
-        argv = [sys.executable, "-m", "faults.proxy", "--listen", f"{host}:0",
-                "--upstream", self._proxy_upstream(link), "--control", f"{host}:0"]
         name = PROXY_PREFIX + link
+        argv = [sys.executable, "-m", "faults.proxy", "--listen", f"{host}:{self._ports[name]}",
+                "--upstream", self._proxy_upstream(link), "--control", f"{host}:{self._ports[name + '_control']}"]
         return PlannedCommand(name, "router", argv, self.log_dir / f"{name}.log")
 
     def _start_proxies(self) -> None:
