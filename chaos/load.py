@@ -133,11 +133,12 @@ def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str |
         try:
             cluster.start(configs, str(workdir))
             started = time.monotonic()
-            journal.set_meta("load_started_at", time.time())
+            now = time.time()  # one origin for the journal, the schedule clock and the fault schedule
+            journal.set_meta("load_started_at", now)
             if clock is not None:
-                clock.start(time.time())
+                clock.start(now)
             if on_started is not None:
-                on_started(time.time())
+                on_started(now)
             # The shape ends Locust; this bounds a stuck one.
             deadline = lambda: started + plan.duration_s + 30.0 + (clock.held_s() if clock else 0.0)  # noqa: E731
             while time.monotonic() < deadline():

@@ -294,10 +294,6 @@ class Runner:
         load_done, load_started = threading.Event(), threading.Event()
         windows = self.campaign.windows()
         self.clock = ScheduleClock(barrier_s=windows[0].at_s if windows else None)
-
-        def mark_started(_: float) -> None:
-            load_started.set()
-
         fault_thread = threading.Thread(target=self._fault_schedule, args=(windows, load_started, load_done), name="faults",
                                         daemon=True)
         helpers = [
@@ -309,7 +305,7 @@ class Runner:
         progress = terminal_progress(load.duration_s, self._live_status) if self.show_progress else None
         try:
             self.load_outcome = run_load(plan, self.run_dir, self.journal, ray_address=self.ray_address,
-                                         progress=progress, on_started=mark_started, on_records=self._scan_live,
+                                         progress=progress, on_started=lambda _: load_started.set(), on_records=self._scan_live,
                                          clock=self.clock)
         finally:
             load_done.set()

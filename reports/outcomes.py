@@ -74,8 +74,9 @@ def classify(cols: RequestColumns, spans: Sequence[Span], aftershock_s: float = 
         return OutcomeClasses()
     loaded = np.fromiter((p != BASELINE_PHASE for p in cols.phase), dtype=bool, count=n)
     ok = cols.outcome == OUTCOME_CODES["ok"]
-    intended = np.fromiter((as_intended(k, int(s), e) for k, s, e in zip(cols.user_kind, cols.status, cols.error_class)),
-                           dtype=bool, count=n) & ~ok
+    intended = np.zeros(n, dtype=bool)
+    for i in np.flatnonzero(~ok):  # only what did not succeed needs a reason: the fewer rows
+        intended[i] = as_intended(cols.user_kind[i], int(cols.status[i]), cols.error_class[i])
     exposed = np.zeros(n, dtype=bool)
     sent = ~np.isnan(cols.t_send)
     last = np.where(np.isnan(cols.t_end), cols.t_send, cols.t_end)  # no end recorded: as long as we know
