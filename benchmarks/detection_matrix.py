@@ -23,9 +23,9 @@ is read from the journal: over the failing findings of the intended oracles, the
 `t_send` of the finding's request (`finding.request_id` looked up in the journal), minus the
 meta `load_started_at`. A finding with no request (a page leak seen after the drain, the pool
 preflight) counts from the after-drain `/v1/loads` snapshot when there is one, else from the
-oracle's verdict event; a page leak seen at an idle moment mid-load counts from that snapshot
-(`evidence.t_snapshot`). A time below zero is a detection before the load started: the baseline's
-tenant probe. Oracles list only the first findings of each rule (their listing caps), in journal
+oracle's verdict event; a page leak seen at an idle moment mid-load counts from that snapshot,
+a wedged target from the progress watchdog's snapshot (`evidence.t_snapshot`). A time below
+zero is a detection before the load started: the baseline's tenant probe. Oracles list only the first findings of each rule (their listing caps), in journal
 order, so the earliest listed finding is not always the earliest in the run.
 The provoking window of a detection is the fault window most recently started at or before it:
 of the windows in journal order, the last whose start (its first journaled event, the undo plan,
@@ -175,7 +175,7 @@ class OracleOutcome:
     failing_findings: int
     first_s: float | None = None  # earliest failing finding, seconds after load start
     first_end_s: float | None = None  # the same finding's reply end (request findings only)
-    basis: str | None = None  # request | idle snapshot | drain snapshot | verdict
+    basis: str | None = None  # request | idle snapshot | watchdog | drain snapshot | verdict
     window: str | None = None  # the provoking window (fault#wN): the last started at or before first_s
     window_s: float | None = None  # first_s minus that window's start
 
@@ -311,11 +311,12 @@ def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSumm
                 for finding in failing:
                     request_id = finding.get("request_id")
                     record = journal.get_request(request_id) if isinstance(request_id, str) else None
-                    seen_at = _number((finding.get("evidence") or {}).get("t_snapshot"))
+                    evidence = finding.get("evidence") or {}
+                    seen_at = _number(evidence.get("t_snapshot"))
                     if record is not None and record.t_send is not None:
                         candidates.append((record.t_send, record.t_end, "request"))
                     elif seen_at is not None:
-                        candidates.append((seen_at, None, "idle snapshot"))
+                        candidates.append((seen_at, None, "watchdog" if "quiet_s" in evidence else "idle snapshot"))
                     elif drain_t is not None and oracle == "liveness":
                         candidates.append((drain_t, None, "drain snapshot"))
                     else:
@@ -544,8 +545,9 @@ def markdown(runs: list[RunSummary], matrix: dict[str, Any], *, command: str, so
         "- columns: " + "; ".join(f"`{c}` = {COLUMN_TITLES.get(c, f'campaign {c}')}" for c in matrix["columns"]),
         "- detected: the run ended FAIL and one of the defect's intended oracles failed (tests/test_defects.py's rule)",
         "- first detection: the earliest failing finding of the catching oracle(s): its request's send time (a page",
-        "  leak: the idle snapshot that showed it, mid-load or after the drain; no request: the verdict). Oracles list",
-        "  only their first findings per rule, so this is the earliest listed one.",
+        "  leak: the idle snapshot that showed it, mid-load or after the drain; a wedged target: the progress watchdog's",
+        "  snapshot; no request: the verdict). Oracles list only their first findings per rule, so this is the earliest",
+        "  listed one.",
         "- from window start: first detection minus the start of its provoking window, the last fault window (in",
         "  journal order) started at or before it; a window starts at its first journaled event (its undo plan, before",
         "  its provocation and inject). From load start: first detection minus the load start (negative: in the baseline).",

@@ -213,6 +213,9 @@ class OracleSpec(Strict):
 
 class ReportSpec(Strict):
     formats: list[Literal["html", "junit", "json", "markdown"]] = Field(default_factory=lambda: ["html", "junit", "json", "markdown"])
+    junit_inconclusive: Literal["failure", "skipped"] = Field(
+        "failure", description="how junit.xml shows an INCONCLUSIVE verdict: a failure (a CI gate must not turn an "
+        "unproven run green) or skipped")
 
 
 class Campaign(Strict):

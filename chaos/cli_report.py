@@ -11,6 +11,7 @@ reports/compare.py for the rules), 0 otherwise. A missing journal is a usage err
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,15 @@ def register(commands: Any) -> None:
                         help=f"render only this format (repeatable; {', '.join(FILENAMES)}); default: the campaign's report.formats")
     report.add_argument("--out", type=Path, default=None, help="write the files here instead of RUN_DIR")
     report.add_argument("--exit-code", action="store_true", help="exit with the run's verdict code instead of 0")
+    report.add_argument("--json", action="store_true", help="print one JSON object (verdict, exit_code, reasons, files)")
     report.set_defaults(handler=run_report)
 
     compare = commands.add_parser("compare", help="engine-upgrade regression: compare a candidate run with a base run")
     compare.add_argument("base", type=Path, metavar="BASE_RUN")
     compare.add_argument("candidate", type=Path, metavar="CANDIDATE_RUN")
     compare.add_argument("--out", type=Path, default=None, help="where compare.html/.md/.json go (default: CANDIDATE_RUN)")
+    compare.add_argument("--json", action="store_true",
+                         help="print one JSON object (outcome, exit_code, regressions, unproven, files)")
     compare.add_argument("--max-latency-ratio", type=float, default=None,
                          help="TTFT p50/p99 or ITL p99 under faults growing by this factor is a regression (default 2; 0: off)")
     compare.set_defaults(handler=run_compare)
@@ -54,6 +58,11 @@ def run_report(args: argparse.Namespace) -> int:
         print(f"pdchaos: error: {exc}", file=sys.stderr)
         return 1
     report = rendered.report
+    if args.json:
+        print(json.dumps({"verdict": report.verdict_label, "exit_code": report.exit_code, "campaign": report.campaign_name,
+                          "seed": report.seed, "reasons": list(report.reasons),
+                          "files": {name: str(path) for name, path in rendered.paths.items()}}))
+        return report.exit_code if args.exit_code else 0
     print(f"{report.verdict_label} (exit code {report.exit_code}): {report.campaign_name}, seed {report.seed}")
     for reason in report.reasons[:5]:
         print(f"  {reason}")
@@ -74,6 +83,11 @@ def run_compare(args: argparse.Namespace) -> int:
         _journal_or_usage(run_dir)
     comparison = compare_runs(load_run(args.base), load_run(args.candidate), ratio)
     paths = write_comparison(comparison, args.out or args.candidate)
+    if args.json:
+        print(json.dumps({"outcome": comparison.outcome, "exit_code": comparison.exit_code, "base": str(args.base),
+                          "candidate": str(args.candidate), "regressions": list(comparison.regressions),
+                          "unproven": list(comparison.unproven), "files": {name: str(path) for name, path in paths.items()}}))
+        return comparison.exit_code
     print(f"{comparison.outcome} (exit code {comparison.exit_code}): {args.candidate} vs {args.base}")
     for line in comparison.regressions or comparison.unproven:
         print(f"  {line}")

@@ -23,6 +23,8 @@ def register(commands: Any) -> None:
     run.add_argument("--defect", action="append", default=None, metavar="NAME",
                      help="embedded engine only: turn on this defect (repeat; replaces the campaign's list)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("--json", action="store_true",
+                     help="print one JSON object (verdict, exit_code, run_dir, reasons, report) and nothing else on stdout")
     run.add_argument("--explore", type=int, default=None, metavar="N",
                      help="run N seeded random schedules drawn from the campaign's fault windows, stop at the first FAIL "
                           "and shrink it to a minimal OUT/reproduce.yaml (exit 1 when one failed, 0 when all passed)")
@@ -47,7 +49,11 @@ def run_campaign(args: argparse.Namespace) -> int:
 
     if args.explore is not None:
         return _explore(campaign, args, out)
-    outcome = Runner(campaign, out, ray_address=args.ray_address, progress=not args.quiet).run()
+    outcome = Runner(campaign, out, ray_address=args.ray_address, progress=not (args.quiet or args.json)).run()
+    if args.json:
+        print(json.dumps({"verdict": outcome.verdict.value, "exit_code": outcome.exit_code, "run_dir": str(out),
+                          "reasons": outcome.reasons, "report": str(out / "report.html")}), flush=True)
+        return outcome.exit_code
     print(f"verdict: {outcome.verdict.value} (exit {outcome.exit_code})")
     for reason in outcome.reasons[:15]:
         print(f"  - {reason}")
@@ -62,9 +68,14 @@ def _explore(campaign: Any, args: argparse.Namespace, out: Path) -> int:
 
     if args.explore < 1:
         raise UsageError(f"--explore {args.explore}: give the number of schedules to try (at least 1)")
-    say = (lambda _: None) if args.quiet else (lambda text: print(f"[explore] {text}", flush=True))
+    say = (lambda _: None) if args.quiet or args.json else (lambda text: print(f"[explore] {text}", flush=True))
     verdict, reproduce = explore(campaign, args.explore, out,
                                  lambda c, d: Runner(c, d, ray_address=args.ray_address, progress=False).run().verdict, say)
+    if args.json:
+        print(json.dumps({"verdict": verdict.value, "exit_code": verdict.exit_code, "run_dir": str(out),
+                          "reproduce": None if reproduce is None else str(reproduce), "attempts": str(out / "explore.json")}),
+              flush=True)
+        return verdict.exit_code
     print(f"verdict: {verdict.value} (exit {verdict.exit_code})")
     if reproduce is not None:
         print(f"reproduce: {reproduce}")

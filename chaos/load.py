@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class LoadOutcome:
     health: list[HealthSample] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
     interrupted: bool = False
+    cut_short: bool = False  # ended before its shape did (see run_load's `cut_short`)
 
     def cpu_samples(self) -> list[float]:
         return [h.cpu_percent for h in self.health if h.running]
@@ -117,10 +119,11 @@ def _absorb(journal: Journal, results: list[PollResult], outcome: LoadOutcome,
 def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str | None = None,
              progress: Progress | None = None, on_started: Callable[[float], None] | None = None,
              on_records: Callable[[list[RequestRecord]], None] | None = None,
-             clock: ScheduleClock | None = None) -> LoadOutcome:
+             clock: ScheduleClock | None = None, cut_short: threading.Event | None = None) -> LoadOutcome:
     """Run the plan to its end (or Ctrl-C). `on_started(t)` fires once Locust is running: fault
     schedules count from then, not from Ray's start-up. With a `clock` (started here), the load's
-    shape follows it: what the fault schedule holds lengthens the load by as much."""
+    shape follows it: what the fault schedule holds lengthens the load by as much. `cut_short`
+    set (a wedged target: more load only waits out more timeouts) ends the load at the next poll."""
     outcome = LoadOutcome()
     workdir = (run_dir / "load").resolve()  # a relative --out must mean the same in every process
     configs = plan.configs(workdir, scheduled=clock is not None)
@@ -150,6 +153,9 @@ def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str |
                     progress(time.monotonic() - started, outcome.journaled, errors, running)
                 if running == 0:
                     break
+                if cut_short is not None and cut_short.is_set():
+                    outcome.cut_short = True
+                    break
                 time.sleep(POLL_INTERVAL_S)
         except KeyboardInterrupt:
             outcome.interrupted = True
@@ -159,7 +165,8 @@ def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str |
                 _absorb(journal, [last], outcome, on_records)
     journal.flush()
     journal.append_event(JournalEvent(EventKind.PHASE, f"{plan.phase}:end", {
-        "journaled": outcome.journaled, "locust_requests": outcome.locust_requests, "interrupted": outcome.interrupted}))
+        "journaled": outcome.journaled, "locust_requests": outcome.locust_requests, "interrupted": outcome.interrupted,
+        "cut_short": outcome.cut_short}))
     return outcome
 
 

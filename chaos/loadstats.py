@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from chaos.journal import Outcome, RequestRecord
 
 SATURATED_CPU_PERCENT = 90.0  # a Locust process is one core at most
-SATURATED_LAG_S = 0.25
+SATURATED_LAG_S = 0.25  # the send lag one request in ten may reach
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -115,8 +115,19 @@ def compute(records: Iterable[RequestRecord], slo: Slo = Slo()) -> LoadStats:
     return stats
 
 
-def generator_saturated(cpu_samples: Sequence[float], lag: Distribution) -> bool:
-    """A load generator that cannot keep its schedule measures itself, not the target."""
+def generator_saturation(cpu_samples: Sequence[float], lag: Distribution) -> str | None:
+    """Why the load generator could not keep its schedule (it measured itself, not the target),
+    or None when it could. The lag's p90, not its p99: on a shared machine a few sends in a few
+    hundred are late by the OS scheduler's whim; a generator behind its schedule is late often."""
     busy = sorted(cpu_samples)
     cpu_p50 = percentile(busy, 50) if busy else None
-    return (cpu_p50 is not None and cpu_p50 >= SATURATED_CPU_PERCENT) or (lag.p99 is not None and lag.p99 >= SATURATED_LAG_S)
+    if cpu_p50 is not None and cpu_p50 >= SATURATED_CPU_PERCENT:
+        return f"its Locust processes ran at {cpu_p50:.0f} % of a core (median), at or above {SATURATED_CPU_PERCENT:.0f} %"
+    if lag.p90 is not None and lag.p90 >= SATURATED_LAG_S:
+        return (f"one request in ten was sent {lag.p90 * 1000:.0f} ms or more after its planned time "
+                f"(send lag p90, {lag.count} requests), at or above {SATURATED_LAG_S * 1000:.0f} ms")
+    return None
+
+
+def generator_saturated(cpu_samples: Sequence[float], lag: Distribution) -> bool:
+    return generator_saturation(cpu_samples, lag) is not None

@@ -30,7 +30,7 @@ from chaos.facts import parse_prometheus_text
 from chaos.fingerprint import fingerprint
 from chaos.journal import EventKind, Journal, JournalEvent
 from chaos.load import LoadPlan, LoadOutcome, run_load, terminal_progress
-from chaos.loadstats import compute, generator_saturated
+from chaos.loadstats import compute, generator_saturated, generator_saturation
 from chaos.oracles.base import OracleContext
 from chaos.oracles.canary import MarkerCodec, new_run_prefix
 from chaos.oracles.liveness import HELD_BACK, TOKEN_KEYS, busy, loads_ranks, queue_counts
@@ -306,7 +306,7 @@ class Runner:
         try:
             self.load_outcome = run_load(plan, self.run_dir, self.journal, ray_address=self.ray_address,
                                          progress=progress, on_started=lambda _: load_started.set(), on_records=self._scan_live,
-                                         clock=self.clock)
+                                         clock=self.clock, cut_short=self.wedged)
         finally:
             load_done.set()
             # A heal is bounded by its own timeouts (a vLLM restart: several minutes); the journal
@@ -474,7 +474,7 @@ class Runner:
             "quiet_s": round(quiet, 1), "queued": queued, "loads": loads}))
         self.wedged.set()
         self._say(f"the target stopped making progress: nothing generated for {quiet:.0f} s with requests queued ({queued}); "
-                  "no further faults or probes, judging after the load")
+                  "no further load, faults or probes: judging now")
 
     def _held_back(self, url: str) -> float:
         """Requests whose pages the engine holds back on purpose, counted only in `/metrics`
@@ -580,8 +580,8 @@ class Runner:
             if result.leftovers:
                 gates.append(Finding("gate", Verdict.INCONCLUSIVE, f"heal of {result.fault} left: {'; '.join(result.leftovers)}"))
         stats = compute(load)
-        if generator_saturated(self.load_outcome.cpu_samples(), stats.send_lag_s):
-            gates.append(Finding("gate", Verdict.INCONCLUSIVE, "the load generator was saturated: it measured itself, not the target"))
+        if saturation := generator_saturation(self.load_outcome.cpu_samples(), stats.send_lag_s):
+            gates.append(Finding("gate", Verdict.INCONCLUSIVE, f"the load generator was saturated ({saturation}): it measured itself, not the target"))
         if not stopped_early and not load:
             gates.append(Finding("gate", Verdict.INCONCLUSIVE, "no load traffic was recorded"))
         return gates

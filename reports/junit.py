@@ -1,10 +1,12 @@
 """`junit.xml`: one test case per fault window × oracle, so CI shows a run natively.
 
-Mapping: FAIL → <failure>, INCONCLUSIVE → <skipped> (the window proved nothing: not a pass,
-not a failure of the engine), an oracle that never ran → <skipped>. One suite per fault window,
-one for findings outside any window, and a `run` suite whose `verdict` case carries the run's
-verdict (an INCOMPLETE run is an <error>) and one case per gate. Run facts (seed, campaign,
-engine versions) are suite properties.
+Mapping: FAIL → <failure>; an INCONCLUSIVE window cell → <skipped> (the window proved nothing:
+not a pass, not a failure of the engine); an oracle that never ran → <skipped>. One suite per
+fault window, one for findings outside any window, and a `run` suite whose `verdict` case carries
+the run's verdict and one case per gate. An INCONCLUSIVE run verdict is a <failure> of type
+INCONCLUSIVE by default, because a CI job that gates on JUnit would show an unproven run green;
+the campaign's `report.junit_inconclusive: skipped` keeps it <skipped>. An INCOMPLETE run is an
+<error>. Run facts (seed, campaign, engine versions) are suite properties.
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ def render_junit(report: RunReport) -> str:
     elif report.recorded and report.recorded.verdict is Verdict.FAIL:
         ET.SubElement(verdict, "failure", message=message, type="FAIL").text = "\n".join(report.reasons)
     elif report.recorded and report.recorded.verdict is Verdict.INCONCLUSIVE:
-        ET.SubElement(verdict, "skipped", message=f"INCONCLUSIVE: {message}")
+        if _inconclusive_as(report) == "skipped":
+            ET.SubElement(verdict, "skipped", message=f"INCONCLUSIVE: {message}")
+        else:
+            ET.SubElement(verdict, "failure", message=f"INCONCLUSIVE: {message}", type="INCONCLUSIVE").text = "\n".join(report.reasons)
     for number, gate in enumerate(report.gates, 1):
         case = ET.SubElement(run, "testcase", classname=f"pdchaos.{campaign}.gates", name=f"gate {number}: {gate.window or 'run'}")
         if gate.verdict is Verdict.FAIL:
@@ -56,6 +61,14 @@ def render_junit(report: RunReport) -> str:
     _sanitize(root)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _inconclusive_as(report: RunReport) -> str:
+    """The campaign's `report.junit_inconclusive`; "failure" when the journal's campaign has none."""
+    campaign = report.meta.get("campaign")
+    spec = campaign.get("report") if isinstance(campaign, dict) else None
+    chosen = spec.get("junit_inconclusive") if isinstance(spec, dict) else None
+    return chosen if chosen in ("failure", "skipped") else "failure"
 
 
 def _outcome(case: ET.Element, cell: MatrixCell) -> None:

@@ -21,6 +21,9 @@ from tests.conftest import Traffic, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
+# A stall outlasts decode's waiting timeout (2 s) and its bootstrap timeout (3 s) by 3 s: on a busy
+# machine a request caught by the stall may reach decode a moment after it began.
+STALL_S = 6.0
 FAULT_STACK = SimStackConfig(
     worker=WorkerSettings(transfer_tokens_per_s=20000.0, timeouts=replace(TransferTimeouts(), waiting_timeout_s=2.0, bootstrap_timeout_s=3.0)),
 )
@@ -51,7 +54,7 @@ def test_transfer_stall_is_confirmed_healed_and_journaled(stack: SimStack, tmp_p
     fault = build_fault("transfer_stall", {"role": "prefill"}, "faults[0]")
     with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url) as traffic:
         wait_until(lambda: traffic.statuses, timeout_s=30, what="traffic flowing before the stall")  # else nothing waits on it
-        result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=4.0)
+        result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=STALL_S)
         assert result.confirmation.confirmed, result.confirmation.evidence
         assert result.healed and not result.leftovers
         assert all(process_state(pid) != "T" for pid in group_members(stack.procs["prefill"].pgid))
@@ -74,7 +77,7 @@ def test_an_attached_deployment_is_stalled_through_the_pid_and_log_its_campaign_
     fault = build_fault("transfer_stall", {"role": "prefill"}, "faults[0]")
     with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url) as traffic:
         wait_until(lambda: traffic.statuses, timeout_s=30, what="traffic flowing before the stall")
-        result = run_window(fault, FaultContext(target=target, journal=journal, window_id="w1"), duration_s=4.0)
+        result = run_window(fault, FaultContext(target=target, journal=journal, window_id="w1"), duration_s=STALL_S)
     assert result.confirmation.confirmed, result.confirmation.evidence
     assert result.healed and not result.leftovers
     assert all(process_state(pid) != "T" for pid in group_members(stack.procs["prefill"].pgid))

@@ -14,6 +14,7 @@ import pytest
 
 from chaos.journal import Journal, JournalError
 from chaos.targets.state import stop_from_state
+from chaos.targets.sim.stack import SimStack
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -82,3 +83,29 @@ def test_a_sigkilled_driver_leaves_a_journal_with_the_finished_requests(tmp_path
                 orphan.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+def test_a_load_cut_short_ends_at_the_next_poll_and_journals_why(tmp_path: Path, sim_stack: SimStack) -> None:
+    """The runner cuts the load short when the target is wedged: more load would only wait out
+    more timeouts before the verdict."""
+    import threading
+
+    from chaos.load import LoadPlan, run_load
+    from chaos.oracles.canary import new_run_prefix
+    from chaos.targets.discovery import discover_facts
+    from loadprofiles.profiles import PROFILES
+
+    url = sim_stack.router_url
+    plan = LoadPlan(target_url=url, facts=discover_facts(url, ()), profile=PROFILES["canary-chat"],
+                    run_prefix=new_run_prefix(), users=2, duration_s=120.0, max_tokens=8)
+    cut = threading.Event()
+    with Journal.create(tmp_path / "run") as journal:
+        outcome = run_load(plan, tmp_path / "run", journal, on_started=lambda _: threading.Timer(3.0, cut.set).start(),
+                           cut_short=cut)
+        ends = [e for e in journal.iter_events(kind="phase") if e.name == "load:end"]
+        started = journal.get_meta("load_started_at")
+    assert outcome.cut_short and not outcome.interrupted
+    assert len(ends) == 1 and ends[0].data["cut_short"] is True
+    assert ends[0].t - started < 60.0  # the shape would have run 120 s
+    assert outcome.journaled > 0
+    assert not _locust_processes()

@@ -584,6 +584,40 @@ def test_liveness_finds_pages_still_out_at_two_idle_moments_mid_load(journal: Jo
     assert leaks[0].evidence["t_snapshot"] == 112.0 and leaks[0].evidence["t_confirmed"] == 112.5
 
 
+
+def test_liveness_counts_requests_queued_for_pages_as_holding_none(journal: Journal) -> None:
+    """A decode whose pool leaked full: requests queue for pages (the preallocation queue) that no
+    request holds. That is an idle moment, and its excess a leak, long before any lull. Requests
+    past the preallocation queue (transfer queue, a waiting count it does not explain, SGLang's
+    scheduler waiting queue of transferred requests) do hold pages: not idle."""
+    def loads(t: float, used: int, *, prealloc: int = 0, transfer: int = 0, waiting: int | None = None,
+              sched_waiting: int | None = None) -> None:
+        data: dict[str, Any] = {"num_running_reqs": 0, "num_waiting_reqs": prealloc if waiting is None else waiting,
+                                "num_used_tokens": used,
+                                "disaggregation": {"decode_prealloc_queue_reqs": prealloc, "decode_transfer_queue_reqs": transfer}}
+        if sched_waiting is not None:
+            data["queues"] = {"waiting": sched_waiting}
+        journal.append_event(JournalEvent(kind=EventKind.PROBE, name="loads", t=t,
+                                          data={"role": "decode", "phase": "during" if t > 100 else "idle_before", "data": data}))
+
+    loads(100.0, 0)
+    loads(110.0, 4096, prealloc=3, transfer=2)  # transfers hold their pages
+    loads(110.5, 4096, prealloc=3, transfer=2)
+    loads(111.0, 4096, prealloc=3, waiting=5)  # two waiting requests the page-free queue does not explain
+    loads(111.5, 4096, prealloc=3, waiting=5)
+    loads(112.0, 4096, prealloc=3, sched_waiting=1)  # SGLang: transferred, waiting to decode, holding pages
+    loads(112.5, 4096, prealloc=3, sched_waiting=1)
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
+    assert not [f for f in result.findings if "idle moments" in f.summary], result.findings
+
+    loads(113.0, 4096, prealloc=8)
+    loads(113.5, 4096, prealloc=8)
+    result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
+    leaks = [f for f in result.findings if "idle moments" in f.summary]
+    assert len(leaks) == 1 and leaks[0].verdict is Verdict.FAIL, result.findings
+    assert leaks[0].evidence["t_snapshot"] == 113.0 and leaks[0].evidence["leaked"] == 4096
+
+
 SGLANG_0523 = Path(__file__).parent / "fixtures" / "sglang" / "cpu-0.5.23"
 
 
@@ -773,3 +807,4 @@ def test_a_target_that_generates_nothing_with_requests_queued_is_wedged_and_live
     wedged = [f for f in result.findings if "stopped making progress" in f.summary]
     assert result.verdict is Verdict.FAIL and wedged, result
     assert "queued (decode 18)" in wedged[0].summary and "decode pool 37000/39312" in wedged[0].summary
+    assert isinstance(wedged[0].evidence["t_snapshot"], float)  # when the watchdog saw it: the detection's time

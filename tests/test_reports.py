@@ -181,6 +181,30 @@ def test_junit_has_one_case_per_window_and_oracle_and_parses(runs: dict[str, Pat
     assert skipped.find(".//property[@name='confirmed'][@value='False']") is not None
 
 
+
+def test_junit_shows_an_inconclusive_run_as_a_failure_unless_the_campaign_keeps_it_skipped(runs: dict[str, Path]) -> None:
+    """A CI job that gates on JUnit must not show an unproven run green."""
+    import copy
+
+    from reports.junit import render_junit
+    from reports.model import load_run
+
+    root = ET.fromstring((runs["inconclusive"] / "junit.xml").read_bytes())
+    verdict = root.find("testsuite[@name='run']/testcase[@name='verdict']")
+    assert verdict is not None and verdict.find("skipped") is None
+    failure = verdict.find("failure")
+    assert failure is not None and failure.get("type") == "INCONCLUSIVE" and (failure.get("message") or "").startswith("INCONCLUSIVE: ")
+    assert int(root.get("failures", "0")) >= 1
+
+    report = load_run(runs["inconclusive"])
+    meta = copy.deepcopy(report.meta)
+    meta["campaign"]["report"] = {"junit_inconclusive": "skipped"}
+    report.meta = meta
+    kept = ET.fromstring(render_junit(report).encode())
+    verdict = kept.find("testsuite[@name='run']/testcase[@name='verdict']")
+    assert verdict is not None and verdict.find("failure") is None and verdict.find("skipped") is not None
+
+
 # ------------------------------------------------------------------- markdown, reproduce ----
 
 
@@ -281,6 +305,23 @@ def test_report_command(runs: dict[str, Path], tmp_path: Path) -> None:
         args.handler(args)
     assert set(FORMATS) == set(FILENAMES) == {"html", "junit", "json", "markdown", "reproduce"}
     assert {FORMATS[name][0] for name in FORMATS} == FILES
+
+
+def test_report_and_compare_print_one_json_object_with_json(runs: dict[str, Path], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """For CI scripts: stdout is exactly one JSON object, the same exit codes as without --json."""
+    parser = argparse.ArgumentParser()
+    cli_report.register(parser.add_subparsers())
+    args = parser.parse_args(["report", str(runs["fail"]), "--json", "--exit-code", "--out", str(tmp_path / "r")])
+    assert args.handler(args) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert (data["verdict"], data["exit_code"], data["campaign"]) == ("FAIL", 1, "pd-qualification")
+    assert data["reasons"] and Path(data["files"]["json"]).name == "report.json"
+    args = parser.parse_args(["compare", str(runs["pass"]), str(runs["fail"]), "--json", "--out", str(tmp_path / "c")])
+    assert args.handler(args) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert (data["outcome"], data["exit_code"]) == ("REGRESSED", 1) and "leaks 0 → 1" in data["regressions"]
+    assert Path(data["files"]["json"]).name == "compare.json"
 
 
 def test_a_live_journal_renders_without_disturbing_the_writer(tmp_path: Path) -> None:

@@ -66,9 +66,11 @@ def test_the_load_stages_wait_while_a_window_runs_past_its_planned_end(tmp_path:
         "  {fault: memory_fraction, at: 2s, duration: 1s, params: {role: prefill, max_total_tokens: 2048}},\n"
         "  {fault: cache_flush, at: 4.5s, duration: 2s, params: {role: both, interval_s: 0.5}}]}\n"
     )
-    result = subprocess.run([sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--quiet"],
+    result = subprocess.run([sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--json"],
                             capture_output=True, text=True, timeout=540, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    summary = json.loads(result.stdout)  # --json: one object and nothing else on stdout
+    assert (summary["verdict"], summary["exit_code"], summary["run_dir"]) == ("PASS", 0, str(out))
     with Journal.open(out, readonly=True) as journal:
         held = [e.data for e in journal.iter_events(kind="phase") if e.name == "schedule:held"]
         windows = windows_from_events(journal.iter_events(kind="fault"))

@@ -19,9 +19,13 @@ ranks are paired by position. No `after_drain` snapshot at all, or none of a rol
 compare the token counts with, is INCONCLUSIVE with a note.
 
 Idle moments (the same accounting while the run goes on): the runner also samples `/v1/loads`
-during the load (phase "during"). A sample whose request counters (and `num_active_tokens`, a
-forward pass under way) are all 0 is an idle moment of that role, as in a lull of the load
-(`load.stages` with 0 users). There the tokens in use, less those held back on purpose
+during the load (phase "during"). A sample in which no request holds pages is an idle moment of
+that role, as in a lull of the load (`load.stages` with 0 users): every request counter (and
+`num_active_tokens`, a forward pass under way) is 0, except the queues whose requests have no
+pages yet (`PAGE_FREE_QUEUES`: decode's preallocation queue, prefill's bootstrap queue; SGLang
+allocates as a request leaves them, `srt/disaggregation/decode.py`), and the waiting count is no
+more than theirs. So a decode whose pool leaked full, with requests queued for pages no request
+holds, is idle here too. There the tokens in use, less those held back on purpose
 (`quarantined_tokens`: a deferred release that is still waiting), must be no more than in
 `idle_before`. An engine that counts its held-back requests only in `/metrics` (SGLang's deferred
 decode-side release, PR #35049: the dialect's `held_back_metrics`) has them journaled beside the
@@ -105,6 +109,20 @@ def queue_counts(rank: Mapping[str, Any]) -> dict[str, float]:
     return counts
 
 
+# Requests in these queues hold no KV pages yet: pages are allocated as they leave the queue.
+PAGE_FREE_QUEUES = ("disaggregation.decode_prealloc_queue_reqs", "disaggregation.prefill_bootstrap_queue_reqs")
+WAITING = "num_waiting_reqs"  # SGLang counts every waiting queue in it, the page-free ones included
+
+
+def holds_no_pages(rank: Mapping[str, Any]) -> bool:
+    """No request of this rank holds pages: only the page-free queues are non-empty, and the
+    waiting count is explained by them; no forward pass under way."""
+    counts = queue_counts(rank)
+    page_free = sum(counts.get(key, 0.0) for key in PAGE_FREE_QUEUES)
+    holding = {key: n for key, n in counts.items() if key not in PAGE_FREE_QUEUES and key != WAITING}
+    return not any(holding.values()) and counts.get(WAITING, 0.0) <= page_free and not _number(rank.get(ACTIVE_TOKENS))
+
+
 def busy(rank: Mapping[str, Any]) -> bool:
     """A request in a queue, or tokens in a forward pass: a PD prefill does not count the request
     of its running forward as running (`num_running_reqs` 0), only its `num_active_tokens`."""
@@ -126,7 +144,7 @@ class LivenessOracle:
     def _wedged(self, ctx: OracleContext, findings: list[Finding]) -> int:
         """The runner's progress watchdog saw the target stop answering with requests queued."""
         checked = 0
-        for data in ctx.snapshots("wedged"):
+        for t, data in ctx.timed_snapshots("wedged"):
             checked += 1
             queued = data.get("queued") if isinstance(data.get("queued"), Mapping) else {}
             pools = []
@@ -140,7 +158,7 @@ class LivenessOracle:
                                     f"requests were queued ({', '.join(f'{k} {v}' for k, v in sorted(queued.items()))})"
                                     + (f"; {'; '.join(pools)}" if pools else "")
                                     + ": requests that never complete (pages not returned, or a handoff with no end)",
-                                    evidence=dict(data)))
+                                    evidence={**data, "t_snapshot": t}))
         return checked
 
     # ------------------------------------------------------------------------------ requests ----
@@ -355,7 +373,7 @@ class LivenessOracle:
                 findings.append(Finding(
                     self.name, Verdict.FAIL,
                     f"{where}: {excess:g} token(s) of KV pages still in use at two idle moments mid-load "
-                    f"({t - last[0]:.1f} s apart, no request queued or running): pages leaked",
+                    f"({t - last[0]:.1f} s apart, no request holding pages): pages leaked",
                     window=_first(ctx.windows_at(last[0])),
                     evidence={"role": role, "rank": index, "leaked": excess, "t_snapshot": last[0], "t_confirmed": t,
                               "num_used_tokens": rank.get("num_used_tokens"),
@@ -369,9 +387,9 @@ class LivenessOracle:
 
 
 def _idle_excess(rank: Mapping[str, Any], base: Mapping[str, Any] | None) -> float | None:
-    """Tokens in use beyond the idle baseline, net of quarantine; None when the rank is not idle
-    (a request counter above 0, a forward pass under way) or the numbers are missing."""
-    if not queue_counts(rank) or busy(rank) or base is None:
+    """Tokens in use beyond the idle baseline, net of quarantine; None when a request may hold
+    pages (see `holds_no_pages`) or the numbers are missing."""
+    if not queue_counts(rank) or not holds_no_pages(rank) or base is None:
         return None
     used, was = _number(rank.get("num_used_tokens")), _number(base.get("num_used_tokens"))
     if used is None or was is None:
