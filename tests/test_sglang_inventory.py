@@ -1,12 +1,16 @@
 """The GPU inventory (chaos/gpu.py): the real no-GPU path here, NVML answers through a fake `pynvml`
-module (our reading of NVML's API, not NVML), and the pool-vs-fraction check."""
+module (our reading of NVML's API, not NVML), the answers a real H200 gave replayed through it, and
+the pool-vs-fraction check."""
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -140,6 +144,48 @@ def test_inventory_devices_memory_processes_and_driver(install_nvml) -> None:  #
                                    "1: NVIDIA H100 80GB HBM3 (80 GiB, 0.5 used)")
     assert [g.index for g in inventory.by_index([1, 0, 5])] == [1, 0]
     assert inventory.to_json()["gpus"][0]["processes"][0]["name"] == "python3"
+
+
+H200_RECORD = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "gpu-inventory-h200.json"
+
+
+def nvml_from_record(record: dict[str, Any]) -> types.ModuleType:
+    """A `pynvml` answering exactly what the real NVML answered on an H200 (driver 580,
+    nvidia-ml-py 13.615.71): `benchmarks/gpu_inventory_check.py` recorded every call's value and type."""
+    def value(answer: dict[str, Any]) -> Any:
+        return answer["value"].encode() if answer["type"] == "bytes" else answer["value"]
+
+    nvml = fake_nvml()
+    raw = record["raw_nvml"]
+    devices = [{"name": value(d["name"]), "uuid": value(d["uuid"]), "bus": value(d["pci_busId"]),
+                "memory": FakeMemory(**d["memory"]), "compute": [], "graphics": []} for d in raw["devices"]]
+    system = raw["system"]
+    nvml.nvmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
+    nvml.nvmlDeviceGetHandleByIndex = lambda index: devices[index]  # type: ignore[attr-defined]
+    nvml.nvmlSystemGetDriverVersion = lambda: value(system["nvmlSystemGetDriverVersion"])  # type: ignore[attr-defined]
+    nvml.nvmlSystemGetCudaDriverVersion = lambda: value(system["nvmlSystemGetCudaDriverVersion"])  # type: ignore[attr-defined]
+    nvml.nvmlSystemGetNVMLVersion = lambda: value(system["nvmlSystemGetNVMLVersion"])  # type: ignore[attr-defined]
+    return nvml
+
+
+def test_the_answers_of_a_real_h200_give_the_inventory_the_real_run_gave(install_nvml) -> None:  # type: ignore[no-untyped-def]
+    """The fake above is our reading of NVML's API; this one replays a real H200's answers (str,
+    not bytes, in current bindings; CUDA 13000 for 13.0) and must give what read_inventory gave there."""
+    record = json.loads(H200_RECORD.read_text())
+    install_nvml(nvml_from_record(record))
+    assert json.loads(json.dumps(read_inventory().to_json())) == record["inventory"]
+    assert record["inventory"]["cuda_driver_version"] == "13.0" and record["inventory"]["gpus"][0]["name"] == "NVIDIA H200"
+
+
+def test_the_pool_check_on_a_real_h200_said_ok_alone_and_named_the_process_beside_it() -> None:
+    """Recorded by benchmarks/gpu_inventory_check.py: an engine sized its pool as SGLang does, alone
+    and beside a process holding 20 GiB; NVML listed that process under the pid the OS gave it."""
+    record = json.loads(H200_RECORD.read_text())
+    alone, beside = record["alone"]["check"], record["beside_squatter"]["check"]
+    assert alone["status"] == "ok" and beside["status"] == "low"
+    squatter = record["squatter"]
+    assert [p["pid"] for p in beside["other_processes"]] == [squatter["pid"]]
+    assert any(p["is_child"] and p["used_memory_mib"] >= squatter["gib"] * 1024 for p in squatter["seen"])
 
 
 def test_an_nvml_error_mid_inventory_is_reported_and_nvml_shut_down(install_nvml) -> None:  # type: ignore[no-untyped-def]
