@@ -6,7 +6,7 @@ between the two limits is rejected by prefill's scheduler, yet 0.5.19 still hand
 length`, and an answer that does not depend on the prompt (every such prompt gets the same
 tokens, whose first is the model's answer to the stub token alone). Issue #30233. The telltale
 model shows whose KV that answer came from (the stub's, no victim's), and the incident campaign
-FAILs here and, for another reason, on 0.5.23. Needs `make sglang-env SGLANG_VERSION=0.5.19`
+FAILs here through the status oracle, which PASSes on 0.5.23. Needs `make sglang-env SGLANG_VERSION=0.5.19`
 (skipped without it); each test starts its own pair (about 2-4 min on two cores).
 """
 
@@ -130,10 +130,11 @@ def test_the_telltale_model_shows_the_rejected_prompt_answered_from_the_stub_not
 
 
 @pytest.mark.timeout(1800)
-def test_the_incident_campaign_fails_on_0519_and_fails_differently_on_0523(tmp_path: Path) -> None:
-    """`campaigns/sglang-cpu-incident.yaml` on the release before the admission fixes and on the
-    current one, and `pdchaos compare` between them: the incident's silent 200 is gone, a 500
-    after decode's waiting timeout is new (docs/sglang-cpu-tier.md)."""
+def test_the_incident_campaign_fails_on_0519_and_its_status_passes_on_0523(tmp_path: Path) -> None:
+    """`campaigns/sglang-cpu-incident.yaml` (behind smg) on the release before the admission fixes
+    and on the current one, and `pdchaos compare` between them: the incident's silent 200 is gone
+    and nothing new fails; only the pool preflight still FAILs the configuration on 0.5.23
+    (docs/sglang-cpu-tier.md)."""
     current = REPO / ".venv-sglang"
     if not (VENV / ".installed").exists() or not (current / ".installed").exists():
         pytest.skip("needs both `make sglang-env` and `make sglang-env SGLANG_VERSION=0.5.19`")
@@ -154,8 +155,14 @@ def test_the_incident_campaign_fails_on_0519_and_fails_differently_on_0523(tmp_p
         status = next(r for r in run.oracles if r.name == "status")
         return {f.evidence.get("rule") for f in status.findings if f.verdict is Verdict.FAIL}
 
+    def failing(run) -> set[str]:  # type: ignore[no-untyped-def]
+        return {r.name for r in run.oracles if r.verdict is Verdict.FAIL}
+
     assert runs["0.5.19"].verdict is Verdict.FAIL and "over_length_accepted" in rules(runs["0.5.19"])
-    assert runs["0.5.23"].verdict is Verdict.FAIL and rules(runs["0.5.23"]) == {"over_length_5xx"}
-    comparison = compare_runs(load_run(runs["0.5.19"].run_dir), load_run(runs["0.5.23"].run_dir))
+    assert runs["0.5.23"].verdict is Verdict.FAIL and failing(runs["0.5.23"]) == {"pool_preflight"}, runs["0.5.23"].reasons
+    status = next(r for r in runs["0.5.23"].oracles if r.name == "status")
+    assert status.verdict is Verdict.PASS and status.checked > 0, status  # the band prompts got prefill's 400
+    # Latency ratios off: two runs on two busy CPU cores say nothing about either release's speed.
+    comparison = compare_runs(load_run(runs["0.5.19"].run_dir), load_run(runs["0.5.23"].run_dir), max_latency_ratio=0)
     assert any(i.startswith("failure gone: status over_length_accepted") for i in comparison.improvements), comparison.improvements
-    assert any(r.startswith("new kind of failure: status over_length_5xx") for r in comparison.regressions), comparison.regressions
+    assert not comparison.regressions and comparison.exit_code == 0, (comparison.regressions, comparison.unproven)

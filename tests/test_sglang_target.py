@@ -193,14 +193,34 @@ def test_router_command_is_pd_mode_with_retries_and_breaker_off_by_default(tmp_p
     assert kept[-2:] == ["--log-level", "debug"]
 
 
+def test_smg_front_takes_the_same_flags_and_is_ready_when_it_lists_both_roles(tmp_path: Path) -> None:
+    """smg (`python -m smg launch`) in front instead of sglang-router: the same flags after the
+    module; readiness is its /workers list, since its /readiness is 200 before it has workers."""
+    from chaos.targets.sglang.readiness import workers_ready
+
+    stack = SGLangStack(full_spec(router={"port": 30000, "metrics_port": 30090, "front": "smg"}), tmp_path, FakeLauncher())  # type: ignore[arg-type]
+    router = stack.plan()[2]
+    classic = SGLangStack(full_spec(), tmp_path, FakeLauncher()).plan()[2]  # type: ignore[arg-type]
+    assert router.argv[1:4] == ["-m", "smg", "launch"] and router.argv[4:] == classic.argv[3:]
+    assert router.ready_url == "http://10.0.0.10:30000/workers" and classic.ready_url == "http://10.0.0.10:30000/readiness"
+    prefill = {"worker_type": "prefill", "is_healthy": True, "status": "ready", "bootstrap_port": 8998}
+    decode = {"worker_type": "decode", "is_healthy": True, "status": "ready"}
+    assert workers_ready({"workers": [prefill, decode], "total": 2})
+    assert not workers_ready({"workers": [], "total": 0})  # what smg 1.13 answers while it registers them
+    assert not workers_ready({"workers": [prefill, {**decode, "is_healthy": False}]})
+    assert not workers_ready({"workers": [prefill]}) and not workers_ready("not json")
+
+
 @pytest.mark.timeout(120)
-def test_router_flags_exist_in_the_installed_sglang_router(tmp_path: Path) -> None:
-    help_text = subprocess.run([sys.executable, "-m", "sglang_router.launch_router", "--help"], capture_output=True,
+@pytest.mark.parametrize("front", ["sglang-router", "smg"])
+def test_router_flags_exist_in_the_installed_router(tmp_path: Path, front: str) -> None:
+    module = ["-m", "sglang_router.launch_router"] if front == "sglang-router" else ["-m", "smg", "launch"]
+    help_text = subprocess.run([sys.executable, *module, "--help"], capture_output=True,
                                text=True, timeout=100, check=False).stdout
     assert "--pd-disaggregation" in help_text, help_text[:2000]
     known = set(re.findall(r"--[a-z][a-z0-9-]+", help_text))
-    for spec in (full_spec(), full_spec(router={"retries": True, "max_retries": 2, "circuit_breaker": True, "cb_failure_threshold": 4})):
-        argv = SGLangStack(spec, tmp_path, FakeLauncher()).plan()[2].argv  # type: ignore[arg-type]
+    for router in ({}, {"retries": True, "max_retries": 2, "circuit_breaker": True, "cb_failure_threshold": 4}):
+        argv = SGLangStack(full_spec(router={**router, "front": front}), tmp_path, FakeLauncher()).plan()[2].argv  # type: ignore[arg-type]
         emitted = {a for a in argv if a.startswith("--")}
         assert emitted <= known, f"not flags of the installed router: {sorted(emitted - known)}"
 

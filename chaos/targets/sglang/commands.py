@@ -105,7 +105,7 @@ def router_options(spec: SGLangRouterSpec) -> RouterOptions:
         health_check_interval_s=spec.health_check_interval_s, health_failure_threshold=spec.health_failure_threshold,
         health_check_timeout_s=spec.health_check_timeout_s,
         request_timeout_s=spec.request_timeout_s, max_retries=spec.max_retries, cb_failure_threshold=spec.cb_failure_threshold,
-        extra_args=tuple(spec.extra_args),
+        extra_args=tuple(spec.extra_args), front=spec.front,
     )
 
 

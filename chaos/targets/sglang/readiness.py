@@ -48,3 +48,44 @@ def await_health(url: str, timeout_s: float, process: ProcessHandle) -> None:
                 raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f}s (last: {last}); "
                                    f"{process.name}'s log ends:\n{process.read_log()[-2000:]}")
             time.sleep(INTERVAL_S)
+
+
+def router_ready_url(router_url: str, front: str) -> str:
+    """What says the router serves. sglang-router's /readiness is 200 once it holds a healthy prefill
+    and decode; smg 1.13's is 200 (and requests get 503 `no_available_workers`) while it is still
+    registering them, so for smg the answer is its /workers list (`await_router_workers`)."""
+    return f"{router_url}/workers" if front == "smg" else f"{router_url}/readiness"
+
+
+def workers_ready(answer: object, roles: tuple[str, ...] = ("prefill", "decode")) -> bool:
+    """An smg `/workers` answer that lists a healthy, ready worker of every role."""
+    workers = answer.get("workers") if isinstance(answer, dict) else None
+    if not isinstance(workers, list):
+        return False
+    healthy = {w.get("worker_type") for w in workers
+               if isinstance(w, dict) and w.get("is_healthy") is True and w.get("status", "ready") == "ready"}
+    return all(role in healthy for role in roles)
+
+
+def await_router(router_url: str, front: str, timeout_s: float, process: ProcessHandle) -> None:
+    """Return once the router serves both roles (see `router_ready_url`)."""
+    if front != "smg":
+        await_health(router_ready_url(router_url, front), timeout_s, process)
+        return
+    deadline = time.monotonic() + timeout_s
+    url, last = router_ready_url(router_url, front), "no answer"
+    with httpx.Client(timeout=5.0, trust_env=False) as client:
+        while True:
+            if not process.alive():
+                raise RuntimeError(f"{process.name} exited with code {process.returncode} before {url} listed both roles; "
+                                   f"its log ends:\n{process.read_log()[-3000:]}")
+            try:
+                response = client.get(url)
+                if response.status_code == 200 and workers_ready(response.json()):
+                    return
+                last = f"HTTP {response.status_code}: {response.text[:200]}"
+            except (httpx.HTTPError, ValueError) as exc:
+                last = type(exc).__name__
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{url} did not list a healthy prefill and decode within {timeout_s:.0f}s (last: {last})")
+            time.sleep(INTERVAL_S)

@@ -4,12 +4,23 @@ The embedded stack and the SGLang stack start the same router the same way, so i
 once. Retries and the circuit breaker are off by default: the router retries 5xx with a new pair
 and a new bootstrap room, and opens its breakers after repeated failures, so a transfer fault
 would be retried away or turned into 503s the suite never sees (docs/real-sglang.md).
+
+Two fronts take these flags: sglang-router and smg, the Shepherd Model Gateway that succeeds it on
+PyPI (`python -m smg launch`). They differ where it matters to the incident: when prefill rejects a
+prompt decode admitted, smg 1.13 answers prefill's 400 at once and drops decode's request (decode
+aborts it), while sglang-router 0.3.2 waits out decode's KV waiting timeout and answers its 500
+(docs/sglang-cpu-tier.md).
 """
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from typing import Literal
+
+RouterFront = Literal["sglang-router", "smg"]
+FRONT_MODULES: dict[str, tuple[str, ...]] = {"sglang-router": ("-m", "sglang_router.launch_router"),
+                                             "smg": ("-m", "smg", "launch")}
 
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "bucket", "manual",
                    "consistent_hashing", "prefix_hash")
@@ -27,13 +38,14 @@ class RouterOptions:
     max_retries: int | None = None  # --retry-max-retries, with retries on (the router's default is 5)
     cb_failure_threshold: int | None = None  # --cb-failure-threshold, with the breaker on (default 10)
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    front: RouterFront = "sglang-router"
 
 
 def router_command(options: RouterOptions, port: int, metrics_port: int, prefill_url: str, bootstrap_port: int | None,
                    decode_url: str, host: str = "127.0.0.1", python: str | None = None) -> list[str]:
     """argv of the router; `bootstrap_port` None lets prefill's own --disaggregation-bootstrap-port apply."""
     argv = [
-        python or sys.executable, "-m", "sglang_router.launch_router",
+        python or sys.executable, *FRONT_MODULES[options.front],
         "--host", host, "--port", str(port), "--pd-disaggregation",
         "--prefill", prefill_url, *([str(bootstrap_port)] if bootstrap_port is not None else []),
         "--decode", decode_url,

@@ -24,7 +24,7 @@ from chaos.targets.dialect import SGLANG
 from chaos.targets.launcher import Launcher, PlannedCommand
 from chaos.targets.sglang.commands import server_command, server_env, sglang_router_command
 from chaos.targets.sglang.pool import pool_checks
-from chaos.targets.sglang.readiness import PortTaken, await_health
+from chaos.targets.sglang.readiness import PortTaken, await_health, await_router, router_ready_url
 from chaos.targets.sglang.settings import Ports, WorkerSettings, as_restart_settings, with_overrides, worker_settings
 from chaos.targets.sglang.spec import SGLangSpec
 from chaos.targets.launched import LaunchedStack
@@ -96,7 +96,7 @@ class SGLangStack(LaunchedStack):
         argv = sglang_router_command(self.spec.router, sys.executable, self._hosts["router"], self.ports,
                                      self.settings["prefill"], self.settings["decode"])
         return PlannedCommand("router", "router", argv, self.log_dir / "router.log", dict(self.spec.router.env),
-                              f"{self.router_url}/readiness")
+                              router_ready_url(self.router_url, self.spec.router.front))
 
     def plan(self) -> list[PlannedCommand]:
         return [self.worker_command("prefill"), self.worker_command("decode"), self.router_command()]
@@ -171,7 +171,7 @@ class SGLangStack(LaunchedStack):
     def _start_router(self) -> None:
         command = self.router_command()
         self._launch(command)
-        await_health(self.router_url + "/readiness", ROUTER_READY_TIMEOUT_S, self.procs["router"])
+        await_router(self.router_url, self.spec.router.front, ROUTER_READY_TIMEOUT_S, self.procs["router"])
 
     def down(self) -> None:
         self._stop_processes()
@@ -205,10 +205,10 @@ class SGLangStack(LaunchedStack):
     def _await_router_sees(self) -> None:
         """The router marked the restarted worker unhealthy while it was down and takes it back
         only at its next health check: until then it answers 503 "No available prefill workers".
-        Its /readiness is 200 again once it holds a healthy prefill and decode."""
+        Its /readiness (smg: its /workers) says so once it holds a healthy prefill and decode."""
         router = self.procs.get("router")
         if router is not None and router.alive():
-            await_health(self.router_url + "/readiness", ROUTER_READY_TIMEOUT_S, router)
+            await_router(self.router_url, self.spec.router.front, ROUTER_READY_TIMEOUT_S, router)
 
     # -------------------------------------------------------------------------- inspection ----
 
