@@ -7,7 +7,8 @@ itself. Then:
 Regressions (exit 1), each a line in `regressions`:
 - the run verdict became FAIL, or any matched fault × oracle cell became FAIL;
 - the candidate leaked more than the base;
-- an error class the base never saw appears in the candidate;
+- an error class the base never saw appears in the candidate (not `load_stopped`: the load's end
+  stopping a request in flight is the suite's doing);
 - under faults, TTFT p50/p99 or ITL p99 grew by `max_latency_ratio` or more (both runs with at
   least MIN_LATENCY_SAMPLES values; 0 turns the latency gate off).
 
@@ -30,6 +31,7 @@ from chaos.loadstats import Distribution
 from chaos.verdict import Verdict
 from reports.matrix import OUTSIDE, MatrixRow
 from reports.model import INCOMPLETE, RunReport
+from reports.outcomes import SUITE_ENDINGS
 from reports.traffic import LatencyStats
 
 DEFAULT_MAX_LATENCY_RATIO = 2.0
@@ -252,6 +254,8 @@ def _errors(c: Comparison) -> None:
         change = ErrorClassChange(name, tb.error_classes.get(name, 0), tk.error_classes.get(name, 0),
                                   tb.error_classes_under_faults.get(name, 0), tk.error_classes_under_faults.get(name, 0))
         c.error_classes.append(change)
+        if change.new and name in SUITE_ENDINGS:  # the load's end stopped it: the suite's doing, not the engine's
+            continue
         if change.new:
             c.regressions.append(f"new error class {name}: {change.candidate} request(s), {change.candidate_under_faults} under faults")
         elif change.candidate == 0 and change.base > 0:

@@ -262,6 +262,22 @@ def test_compare_exit_codes(runs: dict[str, Path]) -> None:
     assert any("TTFT p50 under faults" in x for x in slow_only.regressions)
 
 
+def test_compare_counts_a_new_engine_error_class_but_not_the_load_stopping_a_request(runs: dict[str, Path]) -> None:
+    """A request the load's end cut off (`load_stopped`) is the suite's doing: one more of them in
+    the candidate is no regression; a new error class from the engine is."""
+    from dataclasses import replace
+
+    base = load_run(runs["pass"])
+
+    def with_errors(**classes: int):  # type: ignore[no-untyped-def]
+        traffic = replace(base.traffic, error_classes={**base.traffic.error_classes, **classes})
+        return replace(base, traffic=traffic)
+
+    assert not compare_runs(base, with_errors(load_stopped=1), max_latency_ratio=0).regressions
+    new = compare_runs(base, with_errors(abort=2), max_latency_ratio=0)
+    assert new.regressions == ["new error class abort: 2 request(s), 0 under faults"] and new.exit_code == EXIT_REGRESSED
+
+
 def test_compare_names_a_failure_that_changed_kind(runs: dict[str, Path], tmp_path: Path) -> None:
     """An upgrade that turns the incident's silent 200 into a 500: the status cell stays FAIL, yet
     one kind of failure went away and another appeared; the comparison says both."""

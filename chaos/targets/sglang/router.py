@@ -8,8 +8,9 @@ would be retried away or turned into 503s the suite never sees (docs/real-sglang
 Two fronts take these flags: sglang-router and smg, the Shepherd Model Gateway that succeeds it on
 PyPI (`python -m smg launch`). They differ where it matters to the incident: when prefill rejects a
 prompt decode admitted, smg 1.13 answers prefill's 400 at once and drops decode's request (decode
-aborts it), while sglang-router 0.3.2 waits out decode's KV waiting timeout and answers its 500
-(docs/sglang-cpu-tier.md).
+aborts it), while sglang-router 0.3.2 waits out decode's KV waiting timeout and answers its 500.
+A streamed request behind smg still waits: decode's stream is already forwarded, 200, and ends in
+an abort when the wait runs out (docs/sglang-cpu-tier.md).
 """
 
 from __future__ import annotations

@@ -93,8 +93,9 @@ class SGLangRouterSpec(Strict):
     front: Literal["sglang-router", "smg"] = Field(
         "sglang-router", description="which router: sglang-router (python -m sglang_router.launch_router) or smg, the "
         "Shepherd Model Gateway that succeeds it (python -m smg launch), with the same flags. When prefill rejects a prompt "
-        "decode admitted, smg 1.13 answers prefill's 400 at once and decode aborts the request; sglang-router 0.3.2 waits "
-        "out decode's KV waiting timeout and answers 500")
+        "decode admitted, smg 1.13 answers prefill's 400 at once and decode aborts the request (not when streamed: then "
+        "200 and an abort when decode's KV wait runs out); sglang-router 0.3.2 waits out decode's KV waiting timeout and "
+        "answers 500")
 
     host: str | None = Field(None, description="address it binds and is reached at (default: the launcher's for the router)")
     port: int | None = Field(None, ge=1, le=65535, description="HTTP port (default: a free port)")
