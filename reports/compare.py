@@ -254,9 +254,7 @@ def _errors(c: Comparison) -> None:
         change = ErrorClassChange(name, tb.error_classes.get(name, 0), tk.error_classes.get(name, 0),
                                   tb.error_classes_under_faults.get(name, 0), tk.error_classes_under_faults.get(name, 0))
         c.error_classes.append(change)
-        if change.new and name in SUITE_ENDINGS:  # the load's end stopped it: the suite's doing, not the engine's
-            continue
-        if change.new:
+        if change.new and name not in SUITE_ENDINGS:  # the load's end stopping a request is the suite's doing
             c.regressions.append(f"new error class {name}: {change.candidate} request(s), {change.candidate_under_faults} under faults")
         elif change.candidate == 0 and change.base > 0:
             c.improvements.append(f"error class {name} gone (was {change.base})")

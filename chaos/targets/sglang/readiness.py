@@ -8,6 +8,7 @@ waits longer than that, where a plain 2 s poll would time out on every try and n
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import httpx
 
@@ -24,9 +25,15 @@ class PortTaken(RuntimeError):
     """The server could not bind its port: start again on fresh ones."""
 
 
-def await_health(url: str, timeout_s: float, process: ProcessHandle) -> None:
-    """Return once `url` answers 200; RuntimeError with its log tail if `process` exits first,
-    PortTaken if its log says it could not bind (checked first: another process may answer)."""
+def answered_200(response: httpx.Response) -> bool:
+    return response.status_code == 200
+
+
+def await_health(url: str, timeout_s: float, process: ProcessHandle,
+                 ready: Callable[[httpx.Response], bool] = answered_200) -> None:
+    """Return once `url`'s answer is `ready` (by default: 200); RuntimeError with its log tail if
+    `process` exits first, PortTaken if its log says it could not bind (checked first: another
+    process may answer)."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
@@ -39,13 +46,14 @@ def await_health(url: str, timeout_s: float, process: ProcessHandle) -> None:
                                    f"its log ends:\n{process.read_log()[-3000:]}")
             try:
                 response = client.get(url, timeout=min(REQUEST_TIMEOUT_S, max(1.0, deadline - time.monotonic())))
-                if response.status_code == 200:
+                if ready(response):
                     return
-                last = f"HTTP {response.status_code}"
+                last = f"HTTP {response.status_code}: {response.text[:200]}"
             except httpx.HTTPError as exc:
                 last = type(exc).__name__
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f}s (last: {last}); "
+                wanted = "200" if ready is answered_200 else "ready"
+                raise TimeoutError(f"{url} did not answer {wanted} within {timeout_s:.0f}s (last: {last}); "
                                    f"{process.name}'s log ends:\n{process.read_log()[-2000:]}")
             time.sleep(INTERVAL_S)
 
@@ -53,7 +61,7 @@ def await_health(url: str, timeout_s: float, process: ProcessHandle) -> None:
 def router_ready_url(router_url: str, front: str) -> str:
     """What says the router serves. sglang-router's /readiness is 200 once it holds a healthy prefill
     and decode; smg 1.13's is 200 (and requests get 503 `no_available_workers`) while it is still
-    registering them, so for smg the answer is its /workers list (`await_router_workers`)."""
+    registering them, so for smg the answer is its /workers list (`workers_ready`)."""
     return f"{router_url}/workers" if front == "smg" else f"{router_url}/readiness"
 
 
@@ -67,25 +75,14 @@ def workers_ready(answer: object, roles: tuple[str, ...] = ("prefill", "decode")
     return all(role in healthy for role in roles)
 
 
+def _smg_ready(response: httpx.Response) -> bool:
+    try:
+        return response.status_code == 200 and workers_ready(response.json())
+    except ValueError:
+        return False
+
+
 def await_router(router_url: str, front: str, timeout_s: float, process: ProcessHandle) -> None:
     """Return once the router serves both roles (see `router_ready_url`)."""
-    if front != "smg":
-        await_health(router_ready_url(router_url, front), timeout_s, process)
-        return
-    deadline = time.monotonic() + timeout_s
-    url, last = router_ready_url(router_url, front), "no answer"
-    with httpx.Client(timeout=5.0, trust_env=False) as client:
-        while True:
-            if not process.alive():
-                raise RuntimeError(f"{process.name} exited with code {process.returncode} before {url} listed both roles; "
-                                   f"its log ends:\n{process.read_log()[-3000:]}")
-            try:
-                response = client.get(url)
-                if response.status_code == 200 and workers_ready(response.json()):
-                    return
-                last = f"HTTP {response.status_code}: {response.text[:200]}"
-            except (httpx.HTTPError, ValueError) as exc:
-                last = type(exc).__name__
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{url} did not list a healthy prefill and decode within {timeout_s:.0f}s (last: {last})")
-            time.sleep(INTERVAL_S)
+    await_health(router_ready_url(router_url, front), timeout_s, process,
+                 ready=_smg_ready if front == "smg" else answered_200)
