@@ -388,7 +388,8 @@ class Runner:
         assert self.target is not None
         fault = build_fault(window.fault, window.params, f"faults.windows[{n}]")
         _, provoke = split_params(window.params, f"faults.windows[{n}].params")
-        provoker = Provoker(window.fault, provoke, request_timeout_s=self.campaign.oracles.request_deadline_s + 1.0)
+        provoker = Provoker(window.fault, provoke, request_timeout_s=self.campaign.oracles.request_deadline_s + 1.0,
+                            lingers_s=fault.lingers_s())
         ctx = FaultContext(target=self.target, journal=self.journal, window_id=f"w{n + 1}")
         self._say(f"fault {window.fault} ({ctx.window_id}) for {window.duration_s:.0f}s")
         self.active_fault = f"{window.fault}#{ctx.window_id}"

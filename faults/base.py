@@ -103,6 +103,12 @@ class Fault(ABC):
         """What heal must undo if the driver dies right after inject. Journaled first."""
         return []
 
+    def lingers_s(self) -> float:
+        """How long after the heal what the fault held back can still land: a delaying proxy
+        releases each chunk it holds on that chunk's own schedule. The window's provocation goes
+        on at least that long, so a late write finds the request its freed pages went to."""
+        return 0.0
+
     @abstractmethod
     def inject(self, ctx: FaultContext) -> None: ...
 

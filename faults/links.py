@@ -145,6 +145,10 @@ class ProxyFault(Fault):
     def destructive(self) -> bool:
         raise NotImplementedError
 
+    def lingers_s(self) -> float:
+        spec = self.spec()
+        return max((f.latency_ms + f.jitter_ms) / 1000 for f in (spec.upstream, spec.downstream))
+
     def consequence_now(self, ctx: FaultContext) -> Any:
         """A reading taken at inject, compared in `consequence`."""
         return None

@@ -13,7 +13,8 @@ with the limits the target reports at that moment (after a restart, the new ones
   status oracle holds it to that; a pair that hands a rejected prompt over and decodes from pages
   it never received answers 200 instead, often with another request's text.
 - `reuse` (K1, K2, K7, K8): waves of fresh "repeat" requests every `interval_s` while the fault
-  holds and for `after_heal_s` after its heal, so pages a timeout or an abort freed are handed at
+  holds and for `after_heal_s` after its heal (at least until the last write the fault held back
+  is due, `Fault.lingers_s`), so pages a timeout or an abort freed are handed at
   once to a request that copies out whatever its KV holds; every wave also carries one prompt of
   several transfer chunks, so a dropped or late chunk lands where it matters (K3).
 - `burst` (K4): simultaneous handoffs at inject and right after the heal, so transfer
@@ -86,6 +87,7 @@ SIZING_TIMEOUT_S = 5.0  # two tiny requests; a target that cannot answer them ge
 FINISH_GRACE_S = 3.0  # after the last wave: answers still due, bounded (a wedged engine answers none)
 ANSWER_GRACE_S = 30.0  # ... but a band, burst or prefix shot, asked once, is waited for this much longer
 MAX_IN_FLIGHT = 48
+LANDED_MARGIN_S = 1.0  # reuse waves after the last held write is due: it lands, then is read
 
 
 @dataclass(frozen=True)
@@ -96,8 +98,8 @@ class ProvokeSettings:
     kinds: tuple[str, ...] | None = None  # None: the fault family's own (PROVOCATIONS)
     interval_s: float = 0.5  # reuse: one wave this often
     wave_size: int = 3  # reuse: fresh short requests per wave (plus one multi-chunk prompt)
-    after_heal_s: float = 4.0  # reuse: waves go on this long after the heal (late writes land then: keep it
-    # above the longest delay a write can have, e.g. a kv_transfer latency)
+    after_heal_s: float = 4.0  # reuse: waves go on at least this long after the heal (and past the fault's
+    # longest held delay, e.g. a kv_transfer latency plus jitter: late writes land then)
     band_count: int = 4  # band: prompts spread through each band
     burst: int = 12  # burst: simultaneous handoffs
 
@@ -236,9 +238,12 @@ class _Tally:
 class Provoker(TrafficSource):
     """Runs one window's provocations in a thread of its own, beside the fault."""
 
-    def __init__(self, fault: str, settings: ProvokeSettings, request_timeout_s: float = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, fault: str, settings: ProvokeSettings, request_timeout_s: float = REQUEST_TIMEOUT_S,
+                 lingers_s: float = 0.0) -> None:
         self.name = fault
         self.settings = settings
+        # Waves go on past the heal until the last write the fault held back has landed.
+        self.after_heal_s = max(settings.after_heal_s, lingers_s + LANDED_MARGIN_S if lingers_s else 0.0)
         # Past the liveness deadline, so a request the provoker gives up on is a hang, not a doubt.
         self.request_timeout_s = request_timeout_s
         self.kinds = settings.kinds_for(fault)
@@ -295,7 +300,7 @@ class Provoker(TrafficSource):
             return
         if not self._healed.is_set():
             self.healed()
-        self._thread.join(self.settings.after_heal_s + FINISH_GRACE_S + ANSWER_GRACE_S + self.request_timeout_s)
+        self._thread.join(self.after_heal_s + FINISH_GRACE_S + ANSWER_GRACE_S + self.request_timeout_s)
 
     def _journal_all(self) -> None:
         with self._lock:
@@ -384,6 +389,7 @@ class Provoker(TrafficSource):
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
             self._plan["waves"] = wave
+            self._plan["after_heal_s"] = self.after_heal_s
             if held:
                 self._plan["waves_held"] = held  # with MAX_IN_FLIGHT requests unanswered
 
@@ -391,7 +397,7 @@ class Provoker(TrafficSource):
         if not self._healed.is_set() or self._healed_at is None:
             return False
         reuse = "reuse" in self.kinds and self.settings.wave_size > 0
-        return not reuse or time.monotonic() - self._healed_at >= self.settings.after_heal_s
+        return not reuse or time.monotonic() - self._healed_at >= self.after_heal_s
 
     def _prefix_round(self, roles: list[RoleLimits]) -> list[Shot]:
         bounds = [r.first_rejected for r in roles if r.first_rejected is not None]

@@ -61,6 +61,19 @@ def test_every_fault_family_names_its_provocations() -> None:
     assert set(PROVOCATIONS) == set(FAULTS)
 
 
+def test_reuse_waves_outlast_the_longest_write_a_delaying_fault_holds_back() -> None:
+    # A write held 3.0-5.4 s lands up to 5.4 s after the heal: waves must still be coming then.
+    held = build_fault("kv_transfer", {"mode": "latency", "latency_ms": 4200, "jitter_ms": 1200}, "w")
+    assert held.lingers_s() == pytest.approx(5.4)
+    assert Provoker("kv_transfer", ProvokeSettings(after_heal_s=4.0), lingers_s=held.lingers_s()).after_heal_s == pytest.approx(6.4)
+    # A fault that holds nothing back keeps the configured time; a longer configured time wins.
+    stall = build_fault("transfer_stall", {"role": "prefill"}, "w")
+    assert stall.lingers_s() == 0.0
+    assert Provoker("transfer_stall", ProvokeSettings(after_heal_s=4.0), lingers_s=stall.lingers_s()).after_heal_s == 4.0
+    assert Provoker("kv_transfer", ProvokeSettings(after_heal_s=9.0), lingers_s=5.4).after_heal_s == 9.0
+    assert build_fault("router_link", {"link": "decode", "mode": "partition"}, "w").lingers_s() == 0.0
+
+
 def test_provoke_settings_are_validated_with_the_field_named() -> None:
     params, settings = split_params({"role": "prefill", "provoke": {"wave_size": 5, "kinds": ["reuse"]}}, "faults.windows[0].params")
     assert params == {"role": "prefill"} and settings.wave_size == 5 and settings.kinds_for("transfer_stall") == ("reuse",)
