@@ -49,3 +49,28 @@ def test_free_port_never_hands_out_a_port_twice(monkeypatch) -> None:  # type: i
     monkeypatch.setattr(process, "_HANDED_OUT", set())
     monkeypatch.setattr(process.socket, "socket", Repeating)
     assert [process.free_port(), process.free_port()] == [50001, 50002]
+
+
+def test_the_bystander_tells_a_stop_a_signal_and_a_lost_port(tmp_path: Path) -> None:
+    """The bystander the campaign tests run beside the stack notices what a wrong fault would do."""
+    import os
+    import signal as sig
+
+    from tests.bystander import Bystander
+
+    bystander = Bystander.start(tmp_path)
+    try:
+        assert bystander.check() == []
+        with open(f"/proc/{bystander.proc.pid}/cmdline", "rb") as f:
+            assert f.read().split(b"\0")[0] == b"sglang::router"
+        os.kill(bystander.proc.pid, sig.SIGSTOP)
+        time.sleep(0.2)
+        assert "it is stopped" in bystander.check()
+        os.kill(bystander.proc.pid, sig.SIGCONT)
+        time.sleep(0.2)
+        assert bystander.check() == ["it received SIGCONT"]
+        os.kill(bystander.proc.pid, sig.SIGKILL)
+        bystander.proc.wait(5)
+        assert bystander.check() == ["it exited (-9)"]
+    finally:
+        bystander.stop()

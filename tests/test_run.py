@@ -16,6 +16,7 @@ from chaos.journal import Journal, JournalError
 from chaos.targets.state import stop_from_state
 from chaos.windows import windows_from_events
 from faults.undo import group_members, process_state
+from tests.bystander import Bystander
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -25,9 +26,18 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(900)  # the whole default campaign: about four minutes here
 def test_the_default_campaign_passes_with_every_fault_confirmed_and_healed(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "campaigns/default.yaml", "--out", str(out), "--quiet"],
-                            capture_output=True, text=True, timeout=900, cwd=ROOT)
+    # Kills, stalls and restarts of every role and of the router, beside a process that looks
+    # like one of them: it must come through untouched (issue: faults never touch what the
+    # target does not own).
+    bystander = Bystander.start(tmp_path / "bystander")
+    try:
+        result = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "campaigns/default.yaml", "--out", str(out), "--quiet"],
+                                capture_output=True, text=True, timeout=900, cwd=ROOT)
+        untouched = bystander.check()
+    finally:
+        bystander.stop()
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert untouched == [], untouched
     assert "verdict: PASS" in result.stdout
     with Journal.open(out, readonly=True) as journal:
         windows = windows_from_events(journal.iter_events(kind="fault"))
@@ -47,6 +57,12 @@ def test_the_default_campaign_passes_with_every_fault_confirmed_and_healed(tmp_p
     assert (out / "report.html").read_text().count("<svg") >= 4
     assert (out / "reproduce.yaml").exists() and (out / "summary.md").exists()
     assert not (out / "target.json").exists()  # the stack was stopped
+    # The verdict is the journal's: judged again from the run directory alone, the same one
+    again = subprocess.run([sys.executable, "-m", "chaos.cli", "report", str(out), "--out", str(tmp_path / "again"), "--json"],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-2000:]
+    rejudged = json.loads(again.stdout)
+    assert (rejudged["verdict"], rejudged["reasons"]) == (report["verdict"], report["reasons"])
 
 
 @pytest.mark.timeout(600)
