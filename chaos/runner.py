@@ -10,12 +10,13 @@ the report from what was journaled.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import traceback
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -389,7 +390,7 @@ class Runner:
         fault = build_fault(window.fault, window.params, f"faults.windows[{n}]")
         _, provoke = split_params(window.params, f"faults.windows[{n}].params")
         provoker = Provoker(window.fault, provoke, request_timeout_s=self.campaign.oracles.request_deadline_s + 1.0,
-                            lingers_s=fault.lingers_s())
+                            lingers_s=fault.lingers_s(), replay_probe=self._probe_replayer(window))
         ctx = FaultContext(target=self.target, journal=self.journal, window_id=f"w{n + 1}")
         self._say(f"fault {window.fault} ({ctx.window_id}) for {window.duration_s:.0f}s")
         self.active_fault = f"{window.fault}#{ctx.window_id}"
@@ -403,6 +404,27 @@ class Runner:
         state = "confirmed" if result.confirmation.confirmed else "NOT confirmed"
         self._say(f"fault {window.fault} ({ctx.window_id}) healed; {state}: {result.confirmation.evidence}")
         return provoker
+
+    def _probe_replayer(self, window: WindowSpec) -> Callable[[], None] | None:
+        """Sends the next reference probe now and journals it: the provocation's reuse waves carry
+        one each, so pages a fault freed also go to requests whose right answer is known."""
+        if not self.probes or self.target is None:
+            return None
+        order, url, count = replay_order(self.probes), self.target.endpoints.router_url, itertools.count()
+        timeout = self.campaign.probes.timeout_s
+
+        def replay() -> None:
+            probe = order[next(count) % len(order)]
+            try:
+                with httpx.Client(trust_env=False) as client:
+                    record = send_probe(client, url, probe, "provocation", self.api, timeout_s=timeout)
+                assert self.journal is not None
+                self.journal.append_request(record)
+                self._note_progress(record)
+            except Exception:  # a probe the run can no longer journal (it is ending) proves nothing
+                log.debug("reference probe during %s not journaled", window.fault, exc_info=True)
+
+        return replay
 
     def _aftershock(self, window: WindowSpec) -> None:
         """Replay every probe right after the heal, all at once: corruption can outlive its fault,

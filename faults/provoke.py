@@ -16,7 +16,10 @@ with the limits the target reports at that moment (after a restart, the new ones
   holds and for `after_heal_s` after its heal (at least until the last write the fault held back
   is due, `Fault.lingers_s`), so pages a timeout or an abort freed are handed at
   once to a request that copies out whatever its KV holds; every wave also carries one prompt of
-  several transfer chunks, so a dropped or late chunk lands where it matters (K3).
+  several transfer chunks, so a dropped or late chunk lands where it matters (K3), and one of the
+  campaign's reference probes: a repeat request reads each page once, early, so a late write
+  after that goes unseen, while a probe attends all its pages at every step and its isolated
+  output is known, so a late write at any moment of its decode changes what it says.
 - `burst` (K4): simultaneous handoffs at inject and right after the heal, so transfer
   completions race for the same metadata slots.
 - `prefix` (K5): prompts that share a long opening, sent before and after each eviction or flush,
@@ -38,7 +41,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,9 +242,11 @@ class Provoker(TrafficSource):
     """Runs one window's provocations in a thread of its own, beside the fault."""
 
     def __init__(self, fault: str, settings: ProvokeSettings, request_timeout_s: float = REQUEST_TIMEOUT_S,
-                 lingers_s: float = 0.0) -> None:
+                 lingers_s: float = 0.0, replay_probe: Callable[[], None] | None = None) -> None:
         self.name = fault
         self.settings = settings
+        # Sends one reference probe and journals it (the runner's); each reuse wave carries one.
+        self.replay_probe = replay_probe
         # Waves go on past the heal until the last write the fault held back has landed.
         self.after_heal_s = max(settings.after_heal_s, lingers_s + LANDED_MARGIN_S if lingers_s else 0.0)
         # Past the liveness deadline, so a request the provoker gives up on is a hang, not a doubt.
@@ -367,8 +372,11 @@ class Provoker(TrafficSource):
                 if "reuse" in self.kinds and self.settings.wave_size:
                     # A wave beyond the connection pool would only queue here and time out: a
                     # target that answers slower than the waves come gets as many as it holds.
-                    if len(tasks) + self.settings.wave_size + 1 <= MAX_IN_FLIGHT:
+                    if len(tasks) + self.settings.wave_size + 2 <= MAX_IN_FLIGHT:
                         fire(plan_wave(roles, self.settings.wave_size, wave), once=False)
+                        if self.replay_probe is not None:
+                            tasks.add(asyncio.create_task(asyncio.to_thread(self.replay_probe)))
+                            self._tally.sent["reuse reference probe"] += 1
                         wave += 1
                     else:
                         held += 1

@@ -3,6 +3,7 @@ there; the waves that hand freed pages to fresh requests, during the fault and a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -140,7 +141,8 @@ def test_memory_fraction_provokes_the_band_and_its_prompts_land_in_it(stack: Sim
 @pytest.mark.integration
 def test_a_stall_hands_freed_pages_to_fresh_requests_during_it_and_after_its_heal(stack: SimStack, tmp_path: Path) -> None:
     fault = build_fault("transfer_stall", {"role": "prefill"}, "w")
-    provoker = Provoker("transfer_stall", ProvokeSettings(after_heal_s=2.5, burst=6))
+    replayed: list[float] = []  # the runner's reference probe, sent with each wave
+    provoker = Provoker("transfer_stall", ProvokeSettings(after_heal_s=2.5, burst=6), replay_probe=lambda: replayed.append(time.time()))
     with Journal.create(tmp_path / "run") as journal:
         result = run_window(fault, FaultContext(target=stack, journal=journal, window_id="w1"), duration_s=4.5, provoker=provoker)
         provoker.join()
@@ -155,6 +157,8 @@ def test_a_stall_hands_freed_pages_to_fresh_requests_during_it_and_after_its_hea
     assert any(inject <= r.t_send <= heal for r in reuse) and any(r.t_send > heal for r in reuse)
     assert any("multi-chunk" in (r.error_detail or "") for r in reuse)
     assert len(burst) == 12
+    assert len(replayed) == plan["waves"] == plan["sent"]["reuse reference probe"]
+    assert any(inject <= t <= heal for t in replayed) and any(t > heal for t in replayed)
     # every fresh request after the heal was answered: the clean engine gave the pages back in order
     assert all(r.status == 200 for r in reuse if r.t_send > heal + 0.5), [(r.status, r.error_detail) for r in reuse if r.t_send > heal]
 
