@@ -29,7 +29,7 @@ from chaos.campaign import Campaign, WindowSpec
 from chaos.errors import TargetError, UsageError
 from chaos.facts import parse_prometheus_text
 from chaos.fingerprint import fingerprint
-from chaos.journal import EventKind, Journal, JournalEvent
+from chaos.journal import EventKind, Journal, JournalEvent, RequestRecord
 from chaos.load import LoadPlan, LoadOutcome, run_load, terminal_progress
 from chaos.loadstats import compute, generator_saturated, generator_saturation
 from chaos.oracles.base import OracleContext
@@ -390,7 +390,7 @@ class Runner:
         fault = build_fault(window.fault, window.params, f"faults.windows[{n}]")
         _, provoke = split_params(window.params, f"faults.windows[{n}].params")
         provoker = Provoker(window.fault, provoke, request_timeout_s=self.campaign.oracles.request_deadline_s + 1.0,
-                            lingers_s=fault.lingers_s(), replay_probe=self._probe_replayer(window))
+                            lingers_s=fault.lingers_s(), replay_probe=self._probe_replayer())
         ctx = FaultContext(target=self.target, journal=self.journal, window_id=f"w{n + 1}")
         self._say(f"fault {window.fault} ({ctx.window_id}) for {window.duration_s:.0f}s")
         self.active_fault = f"{window.fault}#{ctx.window_id}"
@@ -405,24 +405,29 @@ class Runner:
         self._say(f"fault {window.fault} ({ctx.window_id}) healed; {state}: {result.confirmation.evidence}")
         return provoker
 
-    def _probe_replayer(self, window: WindowSpec) -> Callable[[], None] | None:
+    def _send_probe(self, client: httpx.Client, probe: Probe, phase: str) -> RequestRecord:
+        assert self.target is not None
+        return send_probe(client, self.target.endpoints.router_url, probe, phase, self.api, timeout_s=self.campaign.probes.timeout_s)
+
+    def _record_probe(self, record: RequestRecord) -> None:
+        assert self.journal is not None
+        self.journal.append_request(record)
+        self._note_progress(record)
+
+    def _probe_replayer(self) -> Callable[[], None] | None:
         """Sends the next reference probe now and journals it: the provocation's reuse waves carry
         one each, so pages a fault freed also go to requests whose right answer is known."""
-        if not self.probes or self.target is None:
+        if not self.probes:
             return None
-        order, url, count = replay_order(self.probes), self.target.endpoints.router_url, itertools.count()
-        timeout = self.campaign.probes.timeout_s
+        order, count = replay_order(self.probes), itertools.count()
 
         def replay() -> None:
             probe = order[next(count) % len(order)]
             try:
                 with httpx.Client(trust_env=False) as client:
-                    record = send_probe(client, url, probe, "provocation", self.api, timeout_s=timeout)
-                assert self.journal is not None
-                self.journal.append_request(record)
-                self._note_progress(record)
+                    self._record_probe(self._send_probe(client, probe, "provocation"))
             except Exception:  # a probe the run can no longer journal (it is ending) proves nothing
-                log.debug("reference probe during %s not journaled", window.fault, exc_info=True)
+                log.debug("reference probe of a provocation not journaled", exc_info=True)
 
         return replay
 
@@ -432,17 +437,15 @@ class Runner:
         assert self.journal is not None and self.target is not None
         if self.stop.is_set() or self.wedged.is_set() or not self.probes:
             return
-        url, timeout = self.target.endpoints.router_url, self.campaign.probes.timeout_s
         with httpx.Client(trust_env=False, limits=httpx.Limits(max_connections=len(self.probes))) as client, \
                 ThreadPoolExecutor(max_workers=min(len(self.probes), AFTERSHOCK_PARALLEL), thread_name_prefix="aftershock") as pool:
-            records = list(pool.map(lambda probe: send_probe(client, url, probe, "aftershock", self.api, timeout_s=timeout),
-                                    self.probes))
+            records = list(pool.map(lambda probe: self._send_probe(client, probe, "aftershock"), self.probes))
         for record in records:
-            self.journal.append_request(record)
-            self._note_progress(record)
+            self._record_probe(record)
         unanswered = sum(1 for r in records if r.status is None)
         if unanswered:
-            self._say(f"aftershock probes after {window.fault}: {unanswered} of {len(records)} got no answer in {timeout:.0f} s")
+            self._say(f"aftershock probes after {window.fault}: {unanswered} of {len(records)} got no answer "
+                      f"in {self.campaign.probes.timeout_s:.0f} s")
 
     def _replay_probes(self, load_started: threading.Event, load_done: threading.Event) -> None:
         """Probes at their interval through the load, except in its lulls: a lull is kept idle,
@@ -455,10 +458,7 @@ class Runner:
             while not load_done.wait(interval) and not self.stop.is_set() and not self.wedged.is_set():
                 if load_started.is_set() and self._in_lull(self.clock.now()):
                     continue
-                probe = order[n % len(order)]
-                record = send_probe(client, self.target.endpoints.router_url, probe, "load", self.api, timeout_s=self.campaign.probes.timeout_s)
-                self.journal.append_request(record)
-                self._note_progress(record)
+                self._record_probe(self._send_probe(client, order[n % len(order)], "load"))
                 n += 1
 
     def _in_lull(self, t: float) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from chaos.process import ManagedProcess, group_members, kill_group, launch, process_state
+from tests.bystander import Bystander
 
 # The leader exits on TERM; its children ignore TERM, so only the group SIGKILL ends them.
 SCRIPT = "trap '' TERM; for i in 1 2 3; do (trap '' TERM; while :; do :; done) & done; trap - TERM; wait"
@@ -53,23 +56,18 @@ def test_free_port_never_hands_out_a_port_twice(monkeypatch) -> None:  # type: i
 
 def test_the_bystander_tells_a_stop_a_signal_and_a_lost_port(tmp_path: Path) -> None:
     """The bystander the campaign tests run beside the stack notices what a wrong fault would do."""
-    import os
-    import signal as sig
-
-    from tests.bystander import Bystander
-
     bystander = Bystander.start(tmp_path)
     try:
         assert bystander.check() == []
         with open(f"/proc/{bystander.proc.pid}/cmdline", "rb") as f:
             assert f.read().split(b"\0")[0] == b"sglang::router"
-        os.kill(bystander.proc.pid, sig.SIGSTOP)
+        os.kill(bystander.proc.pid, signal.SIGSTOP)
         time.sleep(0.2)
         assert "it is stopped" in bystander.check()
-        os.kill(bystander.proc.pid, sig.SIGCONT)
+        os.kill(bystander.proc.pid, signal.SIGCONT)
         time.sleep(0.2)
         assert bystander.check() == ["it received SIGCONT"]
-        os.kill(bystander.proc.pid, sig.SIGKILL)
+        os.kill(bystander.proc.pid, signal.SIGKILL)
         bystander.proc.wait(5)
         assert bystander.check() == ["it exited (-9)"]
     finally:
