@@ -140,6 +140,22 @@ def test_the_shim_sets_pthr_delay_before_the_agent_is_made(monkeypatch: pytest.M
     assert pdchaos_nixl_delay.delay_us() == 0
 
 
+def test_the_shim_gets_amx_tile_state_where_the_cpu_has_amx() -> None:
+    # In a child: the grant is per process. Without it vLLM's AMX attention dies of SIGILL in the
+    # decode worker on AMX hosts; the pair tests below are what shows the whole fix.
+    shim = REPO / "chaos" / "targets" / "vllm" / "shim"
+    script = ("import ctypes, pdchaos_amx\n"
+              "granted = pdchaos_amx.request_tile_state()\n"
+              "mask = ctypes.c_ulong(0)\n"
+              "ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(mask))  # ARCH_GET_XCOMP_PERM\n"
+              "print(granted, bool(mask.value >> 18 & 1))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(shim)})
+    cpu_flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    expected = "True True" if "amx_tile" in cpu_flags else "False False"
+    assert done.stdout.split() == expected.split(), done.stdout + done.stderr
+
+
 # ----------------------------------------------------------------------- on the real pair ----
 # The pair starts in 1-3 minutes and the campaign takes about 5: more than the suite's 300 s per test.
 
