@@ -69,6 +69,7 @@ from typing import Any
 import httpx
 
 from chaos.errors import UsageError
+from chaos.http_status import rejects_the_prompt
 from chaos.oracles.canary import MarkerCodec, MarkerHit, new_run_prefix
 from chaos.targets.discovery import discover_facts
 
@@ -87,8 +88,6 @@ ROUTE_PATHS = {
     "completions": "/v1/completions",
     "generate": "/generate",
 }
-# 4xx statuses that say nothing about the prompt's length.
-NON_VERDICT_4XX = frozenset({401, 403, 404, 405, 408, 429})
 CLIENT_ERROR_TYPES = frozenset({"badrequesterror", "invalid_request_error", "bad request"})
 
 _TOKENS_IN_MESSAGE = (
@@ -801,7 +800,7 @@ def judge_probe(spec: ProbeSpec, reply: Reply, leaks: Sequence[Leak], api: str) 
     if reply.http_status is None:
         base: tuple[Verdict, str, int | None] = (Verdict.FAIL, f"no HTTP answer ({reply.transport_error})", None)
     elif 400 <= reply.http_status < 500:
-        if reply.http_status in NON_VERDICT_4XX:
+        if not rejects_the_prompt(reply.http_status):
             base = (Verdict.INCONCLUSIVE,
                     f"{reply.http_status} says nothing about the prompt's length", None)
         else:

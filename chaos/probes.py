@@ -96,6 +96,15 @@ def replay_order(probes: list[Probe]) -> list[Probe]:
     return others[:at] + adapters + others[at:]
 
 
+def reader_order(probes: list[Probe]) -> list[Probe]:
+    """The probes a provocation's reuse waves replay: the longer half, longest first. Pages a
+    fault freed go to whichever request asks for pages next, so the more pages a reader asks for,
+    the likelier it is handed them; and a probe attends every page it holds at every step, so a
+    write that lands in one late changes what it says."""
+    ranked = sorted(probes, key=lambda p: len(p.prompt), reverse=True)
+    return ranked[: (len(ranked) + 1) // 2]
+
+
 def send_probe(client: httpx.Client, base_url: str, probe: Probe, phase: str, api: str, timeout_s: float = 60.0) -> RequestRecord:
     """Send one probe, streamed, and return its record (never raises on HTTP trouble)."""
     route: Api = "generate" if api == "sglang" else "completions"

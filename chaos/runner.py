@@ -37,7 +37,7 @@ from chaos.oracles.canary import MarkerCodec, new_run_prefix
 from chaos.oracles.liveness import HELD_BACK, TOKEN_KEYS, busy, loads_ranks, queue_counts
 from chaos.oracles.registry import ALL_ORACLES
 from chaos.preflight import PreflightInputs, run_preflight
-from chaos.probes import ADAPTERS, Probe, build_probes, chars_per_token, replay_order, send_probe
+from chaos.probes import ADAPTERS, Probe, build_probes, chars_per_token, reader_order, replay_order, send_probe
 from chaos.targets.dialect import dialect_of
 from chaos.targets.factory import attach, build_stack, launcher_for
 from chaos.targets.base import Target
@@ -416,10 +416,11 @@ class Runner:
 
     def _probe_replayer(self) -> Callable[[], None] | None:
         """Sends the next reference probe now and journals it: the provocation's reuse waves carry
-        one each, so pages a fault freed also go to requests whose right answer is known."""
+        one each, so pages a fault freed also go to requests whose right answer is known (the
+        longer probes: `reader_order`)."""
         if not self.probes:
             return None
-        order, count = replay_order(self.probes), itertools.count()
+        order, count = reader_order(self.probes), itertools.count()
 
         def replay() -> None:
             probe = order[next(count) % len(order)]

@@ -17,9 +17,10 @@ with the limits the target reports at that moment (after a restart, the new ones
   is due, `Fault.lingers_s`), so pages a timeout or an abort freed are handed at
   once to a request that copies out whatever its KV holds; every wave also carries one prompt of
   several transfer chunks, so a dropped or late chunk lands where it matters (K3), and one of the
-  campaign's reference probes: a repeat request reads each page once, early, so a late write
-  after that goes unseen, while a probe attends all its pages at every step and its isolated
-  output is known, so a late write at any moment of its decode changes what it says.
+  campaign's longer reference probes: a repeat request reads each page once, early, so a late
+  write after that goes unseen, while a probe attends all its pages at every step and its
+  isolated output is known, so a late write at any moment of its decode changes what it says
+  (and a long one asks for many pages, so it is likely handed the freed ones).
 - `burst` (K4): simultaneous handoffs at inject and right after the heal, so transfer
   completions race for the same metadata slots.
 - `prefix` (K5): prompts that share a long opening, sent before and after each eviction or flush,

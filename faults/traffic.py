@@ -39,6 +39,7 @@ from typing import Any, Literal
 import httpx
 
 from chaos.errors import UsageError
+from chaos.http_status import rejects_the_prompt
 from chaos.journal import EventKind, JournalEvent, Outcome, RequestRecord
 from chaos.oracles.liveness import loads_ranks
 from chaos.oracles.canary import (
@@ -750,7 +751,9 @@ class OverLengthBurst(TrafficFault):
         if not probes:
             notes = "; ".join(getattr(self, "_notes", [])) or "none planned"
             return Confirmation(False, f"no over-length prompt was sent ({notes})")
-        answered = [e for e in probes if e.status is not None]
+        # Answered by the server's admission: a 404 or 401 never reached it (chaos/http_status.py).
+        answered = [e for e in probes if e.status is not None
+                    and not (400 <= e.status < 500 and not rejects_the_prompt(e.status))]
         parts = []
         for ex in probes:
             threshold = getattr(self, "_probe_thresholds", {}).get(ex.rid)
@@ -760,7 +763,8 @@ class OverLengthBurst(TrafficFault):
             status = str(ex.status) if ex.status is not None else (ex.transport[0] if ex.transport else "no answer")
             parts.append(f"{label}: {status} ({got})")
         notes = getattr(self, "_notes", [])
-        evidence = f"{len(probes)} over-length prompt(s) sent, {len(answered)} answered: " + "; ".join(parts + notes)
+        evidence = (f"{len(probes)} over-length prompt(s) sent, {len(answered)} answered by the server's "
+                    "admission: " + "; ".join(parts + notes))
         return Confirmation(len(answered) == len(probes), evidence)
 
 

@@ -175,3 +175,20 @@ def test_an_over_length_prompt_that_lands_over_the_smallest_limit_is_judged_what
     assert aimed_at_decode.tokens == 2042
     assert not undershot(thresholds, 2015)  # under the limit it was aimed at, over prefill's: judged
     assert undershot(thresholds, 1011)  # under every limit: a miss, not judged
+
+
+def test_an_over_length_burst_answered_404_is_not_confirmed() -> None:
+    """A server without the route never ran its admission check: 404 is no answer to the prompt."""
+    from faults.base import FaultContext
+    from faults.traffic import Exchange, OverLengthBurst
+
+    def sent(rid: str, status: int) -> Exchange:
+        return Exchange(rid=rid, index=0, prompt="x", markers=[], user_kind="over_length", actor="fault",
+                        max_tokens=8, stream=False, status=status)
+
+    fault = OverLengthBurst(OverLengthBurst.Params())
+    ctx = FaultContext(target=None, baseline={"probes": [sent("a", 404), sent("b", 400)]})  # type: ignore[arg-type]
+    confirmation = fault.confirm(ctx)
+    assert not confirmation.confirmed and "1 answered by the server's admission" in confirmation.evidence
+    ctx.baseline["probes"] = [sent("a", 413), sent("b", 400), sent("c", 200)]
+    assert fault.confirm(ctx).confirmed

@@ -256,6 +256,19 @@ def test_status_edges_5xx_router_loss_in_a_fault_and_unjudged_over_length(journa
     assert any("over_length_missed" in n for n in result.notes)
 
 
+def test_status_takes_no_404_or_401_for_a_rejection_of_an_over_length_prompt(journal: Journal) -> None:
+    # A server without the route (or behind a gateway without the key) never looked at the prompt.
+    journal.append_requests([
+        record("ol-404", 1, user_kind="over_length", status=404, outcome=Outcome.FAIL),
+        record("ol-401", 2, user_kind="over_length", status=401, outcome=Outcome.FAIL),
+    ])
+    result = StatusContractOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.INCONCLUSIVE and result.checked == 0, result
+    assert any("HTTP 404 says nothing about the prompt's length" in n for n in result.notes), result.notes
+    journal.append_requests([record("ol-400", 3, user_kind="over_length", status=400, outcome=Outcome.FAIL)])
+    assert StatusContractOracle().evaluate(context(journal)).verdict is Verdict.PASS
+
+
 # ================================================================================= usage contract ====
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from chaos.oracles.canary import MarkerCodec
-from chaos.probes import ADAPTER_PREFIX, build_probes, replay_order
+from chaos.probes import ADAPTER_PREFIX, build_probes, reader_order, replay_order
 
 
 def test_adapter_probes_share_an_opening_and_are_replayed_back_to_back() -> None:
@@ -49,3 +49,12 @@ def test_served_adapters_from_sglang_server_info() -> None:
             "decode": {"enable_lora": True, "lora_paths": {"chat": "/m/chat", "sql": "/m/sql", "x": "/m/x"}}}
     assert served_adapters(both) == ("chat", "sql")  # what every worker serves
     assert served_adapters({"prefill": {"lora_paths": [{"lora_name": "a", "lora_path": "/a"}]}}) == ("a",)
+
+
+def test_reuse_waves_replay_the_longer_half_of_the_probes_longest_first() -> None:
+    probes = build_probes(MarkerCodec("K7QX"), 8, 2048, 16)
+    readers = reader_order(probes)
+    lengths = [len(p.prompt) for p in readers]
+    assert len(readers) == 4 and lengths == sorted(lengths, reverse=True)
+    assert min(lengths) >= max(len(p.prompt) for p in probes if p not in readers)
+    assert [p.index for p in reader_order(probes[:1])] == [0]

@@ -4,7 +4,8 @@ A 200 with a fluent answer is not success (README.md). These oracles hold every 
 contract a client relies on (bug class K7, docs/architecture.md; SGLang's http_server.py):
 
 Status contract (`status`):
-* an over-length prompt (`user_kind == "over_length"`) must be rejected with a 4xx, or, on a stream
+* an over-length prompt (`user_kind == "over_length"`) must be rejected with a 4xx about the prompt
+  (not 401, 403, 404, 405, 408 or 429, which are not judged: `chaos/http_status.py`), or, on a stream
   that had already answered 200, with an in-band abort that produced no tokens. A 200 that finished
   normally is FAIL (the #30233 incident: decode generated from KV it never received), unless the
   load user found our prompt was in fact under the limit (anomaly `over_length_missed`) or the
@@ -34,6 +35,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
+from chaos.http_status import rejects_the_prompt
 from chaos.journal import RequestRecord
 from chaos.oracles.base import PROBE_KIND, OracleContext
 from chaos.verdict import Finding, OracleResult, Verdict
@@ -112,7 +114,7 @@ class StatusContractOracle:
         if status is None:
             return ""  # no answer: the liveness oracle judges it
         if 400 <= status < 500:
-            return "pass"
+            return "pass" if rejects_the_prompt(status) else f"HTTP {status} says nothing about the prompt's length"
         if status >= 500:
             if status in ROUTER_LOST_WORKER and ctx.windows_during(record.t_send, record.t_end):
                 return f"HTTP {status} while a fault was active"
