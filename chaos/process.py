@@ -122,13 +122,20 @@ def launch(
     return ManagedProcess(name=name, argv=list(argv), log_path=log_path, popen=popen)
 
 
+class PortTaken(RuntimeError):
+    """Another process listens on the port one of our servers was given: whatever answers there
+    is not ours. (The message says "Address already in use", as the losing server would.)"""
+
+
 def wait_http_ok(
     url: str,
     timeout_s: float,
     process: Any = None,
     interval_s: float = 0.1,
 ) -> None:
-    """Poll `url` until it answers 200; fail early if `process` dies meanwhile."""
+    """Poll `url` until it answers 200; fail early if `process` dies meanwhile, or if the answer
+    comes from another process's socket (`PortTaken`): a port picked here can be taken by another
+    run's server before ours binds it, and that server then answers for ours."""
     deadline = time.monotonic() + timeout_s
     last_error = "no answer"
     with httpx.Client(timeout=2.0) as client:
@@ -141,12 +148,58 @@ def wait_http_ok(
             try:
                 response = client.get(url)
                 if response.status_code == 200:
+                    if isinstance(process, ManagedProcess):
+                        check_listener(url, process)
                     return
                 last_error = f"HTTP {response.status_code}"
             except httpx.HTTPError as exc:
                 last_error = type(exc).__name__
             time.sleep(interval_s)
     raise TimeoutError(f"{url} did not answer 200 within {timeout_s:.0f}s (last: {last_error})")
+
+
+def check_listener(url: str, process: ManagedProcess) -> None:
+    """PortTaken when the socket listening on `url`'s port belongs to no member of `process`'s group."""
+    port = httpx.URL(url).port
+    owners = listener_pids(port) if port is not None else None
+    if owners is not None and not owners & set(group_members(process.pgid)):
+        raise PortTaken(f"{url} is answered by pid {', '.join(map(str, sorted(owners)))}, not by {process.name} "
+                        f"(process group {process.pgid}): Address already in use")
+
+
+def listener_pids(port: int) -> set[int] | None:
+    """The pids holding a listening TCP socket on `port` in this network namespace; None when
+    /proc shows no such socket (another namespace, another OS): then nothing can be told."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(fields[9])
+    if not inodes:
+        return None
+    sockets = {f"socket:[{inode}]" for inode in inodes}
+    owners: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") in sockets:
+                    owners.add(int(entry))
+                    break
+            except OSError:
+                continue
+    return owners or None
 
 
 def process_state(pid: int) -> str | None:

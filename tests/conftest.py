@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import threading
 import time
@@ -106,3 +107,26 @@ class Traffic:
         self.stop.set()
         for t in self.threads:
             t.join(self.timeout_s + 10)
+
+
+class _AlwaysOk(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def another_runs_server() -> Iterator[int]:
+    """A server of some other process's on loopback (here: a thread of the test's own process)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AlwaysOk)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()

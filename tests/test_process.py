@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from chaos.process import ManagedProcess, group_members, kill_group, launch, process_state
+from chaos.process import (ManagedProcess, PortTaken, free_port, group_members, kill_group, launch, listener_pids,
+                           process_state, wait_http_ok)
 from tests.bystander import Bystander
+from tests.conftest import another_runs_server
 
 # The leader exits on TERM; its children ignore TERM, so only the group SIGKILL ends them.
 SCRIPT = "trap '' TERM; for i in 1 2 3; do (trap '' TERM; while :; do :; done) & done; trap - TERM; wait"
@@ -72,3 +75,20 @@ def test_the_bystander_tells_a_stop_a_signal_and_a_lost_port(tmp_path: Path) -> 
         assert bystander.check() == ["it exited (-9)"]
     finally:
         bystander.stop()
+
+
+def test_readiness_answered_by_another_process_on_our_port_is_a_lost_port(tmp_path: Path) -> None:
+    with another_runs_server() as port:
+        ours = launch("never-binds", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "a.log")
+        try:
+            with pytest.raises(PortTaken, match=f"answered by pid {os.getpid()}.*Address already in use"):
+                wait_http_ok(f"http://127.0.0.1:{port}/health", 10.0, ours)
+        finally:
+            ours.stop()
+    port = free_port()
+    server = launch("ours", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], tmp_path / "b.log")
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/", 20.0, server)  # its own socket: ready
+        assert listener_pids(port) == {server.pid}
+    finally:
+        server.stop()

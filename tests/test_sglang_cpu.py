@@ -99,7 +99,8 @@ def test_canary_on_the_router_passes(pair: SGLangStack) -> None:
 def test_campaign_windows_all_confirmed(run: RunOutcome) -> None:
     journal = Journal.open(run.run_dir)
     windows = windows_from_events(journal.iter_events(kind="fault"))
-    assert sorted(w.fault for w in windows) == ["cache_flush", "client_abort", "over_length_burst", "transfer_stall"]
+    assert sorted(w.fault for w in windows) == ["cache_flush", "client_abort", "client_abort", "over_length_burst",
+                                                "process_kill", "transfer_stall"]
     unconfirmed = {w.label: w.confirm_evidence for w in windows if not w.confirmed}
     assert not unconfirmed, unconfirmed
     stall = next(w for w in windows if w.fault == "transfer_stall")

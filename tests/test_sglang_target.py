@@ -477,7 +477,8 @@ def test_readiness_believes_the_log_over_a_health_answer_when_the_port_was_taken
     """The port was free when chosen and taken before the server bound it (uvicorn logs the
     failure and the server lingers): whatever took it may answer /health. The stack starts again
     on fresh ports (`PortTaken`), never trusting that answer."""
-    from chaos.targets.sglang.readiness import PortTaken, await_health
+    from chaos.process import PortTaken
+    from chaos.targets.sglang.readiness import await_health
 
     class Unbound(FakeProcess):
         def read_log(self) -> str:

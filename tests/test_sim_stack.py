@@ -18,7 +18,7 @@ from chaos.process import free_port, launch, wait_http_ok
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.sim.stack import SimStack, SimStackConfig
 from chaos.targets.sim.worker import command_for
-from tests.conftest import start_stack, wait_until
+from tests.conftest import another_runs_server, running, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -315,3 +315,20 @@ def test_sim_up_answers_through_the_router_and_sim_down_stops_it(tmp_path: Path,
     assert "stopped router" in down.stdout
     with pytest.raises(httpx.HTTPError):
         client.get(urls["router"] + "/health", timeout=2)
+
+
+def test_a_stack_whose_router_port_another_run_took_starts_again_on_new_ports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Two runs on one machine: the port picked for our router is bound first by another run's
+    server, which then answers our readiness check. The stack must see that the answer is not its
+    router's and start again on new ports, not run against the other run's stack."""
+    with another_runs_server() as taken:
+        stack = SimStack(SimStackConfig(proxied_links=False), tmp_path)
+        picks = iter([taken])
+        original = stack.launcher.free_port
+        monkeypatch.setattr(stack.launcher, "free_port",
+                            lambda role: next(picks, None) or original(role) if role == "router" else original(role))
+        with running(stack):
+            assert stack.router_url != f"http://127.0.0.1:{taken}"
+            assert httpx.get(stack.router_url + "/readiness", timeout=5).status_code == 200
+        assert f"http://127.0.0.1:{taken}/readiness is answered by pid" in caplog.text, caplog.text

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import httpx
 
+from chaos.process import ManagedProcess, PortTaken, check_listener
 from chaos.targets.launcher import ProcessHandle
 
 REQUEST_TIMEOUT_S = 25.0  # over SGLang's 20 s health-check timeout
@@ -19,10 +20,6 @@ INTERVAL_S = 1.0
 # uvicorn's line when the port it was given was taken between choosing it and binding it (a minute
 # of imports on a busy machine): whatever took it may answer /health in its place.
 BIND_FAILED = ("error while attempting to bind on address", "address already in use")
-
-
-class PortTaken(RuntimeError):
-    """The server could not bind its port: start again on fresh ones."""
 
 
 def answered_200(response: httpx.Response) -> bool:
@@ -47,6 +44,8 @@ def await_health(url: str, timeout_s: float, process: ProcessHandle,
             try:
                 response = client.get(url, timeout=min(REQUEST_TIMEOUT_S, max(1.0, deadline - time.monotonic())))
                 if ready(response):
+                    if isinstance(process, ManagedProcess):
+                        check_listener(url, process)  # PortTaken: another run's server answered for ours
                     return
                 last = f"HTTP {response.status_code}: {response.text[:200]}"
             except httpx.HTTPError as exc:

@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from chaos.errors import TargetError, UsageError
+from chaos.process import PortTaken
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.dialect import SGLANG
 from chaos.targets.launcher import Launcher, PlannedCommand
 from chaos.targets.sglang.commands import server_command, server_env, sglang_router_command
 from chaos.targets.sglang.pool import pool_checks
-from chaos.targets.sglang.readiness import PortTaken, await_health, await_router, router_ready_url
+from chaos.targets.sglang.readiness import await_health, await_router, router_ready_url
 from chaos.targets.sglang.settings import Ports, WorkerSettings, as_restart_settings, with_overrides, worker_settings
 from chaos.targets.sglang.spec import SGLangSpec
 from chaos.targets.launched import LaunchedStack

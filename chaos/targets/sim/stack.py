@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaos.process import wait_http_ok
+from chaos.process import PortTaken, wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.launcher import Launcher, PlannedCommand, ProcessHandle
@@ -36,11 +37,14 @@ from chaos.targets.state import clear_state
 if TYPE_CHECKING:
     from chaos.campaign import SimSpec
 
+log = logging.getLogger("pdchaos.sim")
+
 LOOPBACK = "127.0.0.1"
 ROUTER_ENV = {"HF_ENDPOINT": "http://127.0.0.1:9", "RUST_LOG": "info"}
 # The links a proxied stack puts a fault proxy on, by name.
 PROXY_LINKS = ("router_prefill", "router_decode", "kv_transfer")
 PROXY_PREFIX = "proxy_"  # a proxy's name in `procs` and in the state file
+BIND_ATTEMPTS = 3  # a stack that lost a port to another run's server starts again on new ones
 
 
 @dataclass(frozen=True)
@@ -121,19 +125,30 @@ class SimStack(LaunchedStack):
     def up(self) -> Endpoints:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._choose_addresses()
-            if self.config.proxied_links:
-                self._start_proxies()
-            for role in ("prefill", "decode"):
-                self._start_worker(role, self._settings(role))
-            for role in ("prefill", "decode"):
-                wait_http_ok(self.worker_url(role) + "/health", self.config.startup_timeout_s, self.procs[role])
-            self._start_router()
+            for attempt in range(BIND_ATTEMPTS):
+                try:
+                    self._start_all()
+                    break
+                except PortTaken as exc:  # another run's server took a port we picked: new ports, again
+                    if attempt + 1 == BIND_ATTEMPTS:
+                        raise
+                    log.warning("sim stack: %s; starting again on new ports", exc)
+                    self._stop_processes(forget=True)
             self.write_state()
         except BaseException:
             self.down()
             raise
         return self.endpoints
+
+    def _start_all(self) -> None:
+        self._choose_addresses()
+        if self.config.proxied_links:
+            self._start_proxies()
+        for role in ("prefill", "decode"):
+            self._start_worker(role, self._settings(role))
+        for role in ("prefill", "decode"):
+            wait_http_ok(self.worker_url(role) + "/health", self.config.startup_timeout_s, self.procs[role])
+        self._start_router()
 
     def _choose_addresses(self) -> None:
         """Each port is picked on the node that will listen on it (all of them here, by default)."""
@@ -210,12 +225,18 @@ class SimStack(LaunchedStack):
         wait_http_ok(self.router_url + "/readiness", self.config.startup_timeout_s, self.procs["router"])
 
     def down(self) -> None:
+        self._stop_processes()
+        clear_state(self.run_dir)
+        self.launcher.close()
+
+    def _stop_processes(self, forget: bool = False) -> None:
         for name in ("router", "decode", "prefill", *(PROXY_PREFIX + link for link in PROXY_LINKS)):
             proc = self.procs.get(name)
             if proc is not None:
                 proc.stop()
-        clear_state(self.run_dir)
-        self.launcher.close()
+        if forget:  # a start again: nothing of the first attempt may be mistaken for the new
+            self.procs.clear()
+            self.proxies.clear()
 
     def restart(self, role: str, env: dict[str, str] | None = None, **overrides: Any) -> None:
         """Restart one role with changed settings (memory fraction, context length, ...).
