@@ -332,3 +332,16 @@ def test_a_stack_whose_router_port_another_run_took_starts_again_on_new_ports(
             assert stack.router_url != f"http://127.0.0.1:{taken}"
             assert httpx.get(stack.router_url + "/readiness", timeout=5).status_code == 200
         assert f"http://127.0.0.1:{taken}/readiness is answered by pid" in caplog.text, caplog.text
+
+
+def test_a_proxy_that_lost_its_port_makes_the_stack_start_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with another_runs_server() as taken:
+        stack = SimStack(SimStackConfig(proxied_links=True), tmp_path)
+        original = stack.launcher.free_port
+        # Picked on the router's node: the router's port, its metrics port, then the first proxy's.
+        picks = iter([None, None, taken])
+        monkeypatch.setattr(stack.launcher, "free_port",
+                            lambda role: next(picks, None) or original(role) if role == "router" else original(role))
+        with running(stack):
+            assert stack.proxies and all(p.listen != f"127.0.0.1:{taken}" for p in stack.proxies.values())
+            assert httpx.get(stack.router_url + "/readiness", timeout=5).status_code == 200

@@ -305,6 +305,7 @@ def _wait_proxy_ready(proc: ProcessHandle, timeout_s: float) -> dict[str, Any]:
                 if ready.get("pid") == proc.pid and ready.get("listen") and ready.get("control"):
                     return ready
         if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited with code {proc.returncode} before it listened; see its log:\n{proc.read_log()[-2000:]}")
+            error = PortTaken if "address already in use" in text.lower() else RuntimeError  # its bind lost the race
+            raise error(f"{proc.name} exited with code {proc.returncode} before it listened; see its log:\n{proc.read_log()[-2000:]}")
         time.sleep(0.05)
     raise TimeoutError(f"{proc.name} did not report its ports within {timeout_s:.0f}s; its log ends:\n{proc.read_log()[-2000:]}")
