@@ -87,7 +87,6 @@ def _cards(report: RunReport) -> str:
     cards = [
         ("leaks", str(len(report.leaks)), "bad" if report.leaks else "good"),
         ("requests", f"{t.counts.total:,}", ""),
-        ("ok / fail / info", f"{t.counts.ok:,} / {t.counts.fail:,} / {t.counts.info:,}", ""),
         ("answered / as intended / under a fault", f"{e.answered:,} / {e.as_intended:,} / {e.under_fault:,}", ""),
         ("unexplained endings", f"{e.unexplained:,}", "warn" if e.unexplained else "good"),
         ("faults confirmed", f"{confirmed} of {len(report.faults)}", "warn" if confirmed < len(report.faults) else ""),
@@ -279,7 +278,7 @@ def _faults(report: RunReport) -> str:
         ))
     if rows:
         out.append(table(("window", "params", "start", "end", "length", "confirmation", "provocation", "heal", "audit", "error",
-                          "requests", "not ok", "TTFT p50 ms", "TTFT p99 ms"), rows, numeric=(10, 11, 12, 13)))
+                          "requests", "not answered", "TTFT p50 ms", "TTFT p99 ms"), rows, numeric=(10, 11, 12, 13)))
     planned = report.meta.get("windows_planned")
     if isinstance(planned, list) and len(planned) > len(report.faults):
         out.append(f'<p class="warn">{len(planned)} window(s) were planned, {len(report.faults)} reached the journal.</p>')
@@ -326,7 +325,7 @@ def _traffic(report: RunReport) -> str:
     lat_rows = [("all but baseline", t.overall), ("outside faults", t.outside_faults), ("under faults", t.under_faults)]
     lat_rows += [(f.label, t.per_window.get(f.label, LatencyStats())) for f in report.faults if f.start is not None]
     out.append("<h3>Latency (ms) and errors by span</h3>" + table(
-        ("span", "requests", "not ok", "TTFT p50", "TTFT p90", "TTFT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99"),
+        ("span", "requests", "not answered", "TTFT p50", "TTFT p90", "TTFT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99"),
         [(escape(name), f"{s.counts.total:,}", pct(s.error_rate), ms(s.ttft.p50), ms(s.ttft.p90), ms(s.ttft.p99),
           ms(s.itl.p50), ms(s.itl.p99), ms(s.e2e.p50), ms(s.e2e.p99)) for name, s in lat_rows],
         numeric=tuple(range(1, 10))))

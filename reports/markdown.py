@@ -42,8 +42,9 @@ def render_markdown(report: RunReport) -> str:
     t = report.traffic
     confirmed = sum(1 for f in report.faults if f.confirmed is True)
     lines += [
-        f"**Leaks:** {len(report.leaks)} · **requests:** {t.counts.total:,} (ok {t.counts.ok:,}, fail {t.counts.fail:,}, "
-        f"info {t.counts.info:,}) · **faults confirmed:** {confirmed}/{len(report.faults)} · **exit code:** {report.exit_code}",
+        # No ok/fail/info here: "fail" counts the refusals the run asked for (report.json keeps them).
+        f"**Leaks:** {len(report.leaks)} · **requests:** {t.counts.total:,} · **faults confirmed:** "
+        f"{confirmed}/{len(report.faults)} · **exit code:** {report.exit_code}",
         "",
         f"**Endings** (the baseline aside): {endings_line(report.endings)}",
         "",
@@ -68,7 +69,8 @@ def render_markdown(report: RunReport) -> str:
         if len(report.leaks) > MAX_LEAKS:
             lines.append(f"- … {len(report.leaks) - MAX_LEAKS} more (report.json)")
         lines.append("")
-    lines += ["| span | requests | not ok | TTFT p50 ms | TTFT p99 ms | ITL p50 ms |", "|---|---:|---:|---:|---:|---:|"]
+    lines += ["| span | requests | not answered (refusals too) | TTFT p50 ms | TTFT p99 ms | ITL p50 ms |",
+              "|---|---:|---:|---:|---:|---:|"]
     for name, s in (("outside faults", t.outside_faults), ("under faults", t.under_faults)):
         lines.append(f"| {name} | {s.counts.total:,} | {pct(s.error_rate)} | {ms(s.ttft.p50)} | {ms(s.ttft.p99)} | {ms(s.itl.p50)} |")
     lines.append("")

@@ -9,10 +9,9 @@ the PASS look wrong, or teach the reader to skip the column. So every request fa
 
 * answered: outcome ok.
 * as intended: the ending its sender asked for. An over-length prompt (the `over_length` user,
-  the over-length burst) refused with a 4xx; an aborting client's request (the `aborting` user,
-  `client_abort`'s own requests) ended as an abort or a disconnect; a request the load stopped at
-  its end. Whether each refusal was the *right* one (a 4xx about length, not a 404) is the status
-  oracle's to judge: a wrong one is its finding, not hidden here.
+  the over-length burst) refused with a 4xx about the prompt (not a 404 for a missing route or a
+  401: chaos/http_status.py); an aborting client's request (the `aborting` user, `client_abort`'s
+  own requests) ended as an abort or a disconnect; a request the load stopped at its end.
 * under a fault: any other ending, of a request in flight while a fault window was open or within
   `AFTERSHOCK_S` after its heal (sent before the window closed, ended after it opened: the
   exposure the oracles use, chaos/windows.py).
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from chaos.http_status import rejects_the_prompt
 from chaos.windows import AFTERSHOCK_S
 from reports.columns import OUTCOME_CODES, RequestColumns
 from reports.traffic import BASELINE_PHASE, Span
@@ -62,7 +62,7 @@ def as_intended(user_kind: str, status: int, error_class: str | None) -> bool:
     if error_class in SUITE_ENDINGS:
         return True
     if user_kind in OVER_LENGTH_KINDS:
-        return 400 <= status < 500
+        return rejects_the_prompt(status)  # a 404 or 401 never looked at the prompt
     if user_kind in ABORTING_KINDS:
         return error_class in ABORT_ENDINGS
     return False

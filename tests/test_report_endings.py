@@ -23,6 +23,7 @@ CASES = [
     (("load", "over_length", "fail", 400, "http_400", 50.0), "as_intended"),  # refused, as the incident's fix demands
     (("load", "over_length", "fail", 413, "http_413", 50.0), "as_intended"),
     (("load", "over_length", "fail", 500, "http_500", 50.0), "unexplained"),  # a 5xx is no refusal
+    (("load", "over_length", "fail", 404, "http_404", 50.0), "unexplained"),  # no such route: never looked at
     (("load", "over_length", "ok", 200, None, 50.0), "answered"),  # accepted: the status oracle judges it
     (("load", "aborting", "info", 200, "disconnect", 50.0), "as_intended"),
     (("load", "aborting", "info", -1, "abort", 50.0), "as_intended"),
@@ -61,7 +62,8 @@ def test_every_request_of_the_load_is_in_exactly_one_class_and_the_unexplained_a
     rows = [r for r, _ in CASES]
     classes = classify(columns(rows), [WINDOW])
     assert classes.total == sum(1 for r in rows if r[0] != "baseline")
-    assert dict(classes.unexplained_error_classes) == {"http_503": 2, "http_500": 1, "http_502": 1, "read_timeout": 1}
+    assert dict(classes.unexplained_error_classes) == {"http_503": 2, "http_404": 1, "http_500": 1, "http_502": 1,
+                                                       "read_timeout": 1}
 
 
 def test_the_endings_are_in_every_rendering_of_a_run(tmp_path: Path) -> None:
@@ -70,5 +72,9 @@ def test_the_endings_are_in_every_rendering_of_a_run(tmp_path: Path) -> None:
     endings = json.loads((run / "report.json").read_text())["requests"]["endings"]
     assert set(endings) == {"answered", "as_intended", "under_fault", "unexplained", "unexplained_error_classes"}
     assert endings["answered"] > 0
-    assert "**Endings**" in (run / "summary.md").read_text()
+    summary = (run / "summary.md").read_text()
+    assert "**Endings**" in summary
+    # The headline does not call refusals the run asked for "fail" (report.json keeps ok/fail/info).
+    headline = next(line for line in summary.splitlines() if line.startswith("**Leaks:**"))
+    assert "fail" not in headline and "ok " not in headline, headline
     assert "<h3>Endings</h3>" in (run / "report.html").read_text()
