@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from chaos.errors import TargetError
-from chaos.process import wait_http_ok
+from chaos.process import PortTaken, wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.launched import LaunchedStack
 from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand
@@ -203,7 +203,7 @@ class VllmStack(LaunchedStack):
                         self._await_engine(role, started)
                     break
                 except RuntimeError as exc:
-                    if attempt + 1 == BIND_RETRIES or not _lost_port(str(exc)):
+                    if attempt + 1 == BIND_RETRIES or not _lost_port(exc):
                         raise
                     for role in ROLES:  # another socket took a port first: new ports, again
                         self.procs[role].stop(timeout_s=30.0)
@@ -232,7 +232,7 @@ class VllmStack(LaunchedStack):
                 wait_http_ok(self.router_url + "/health", ROUTER_READY_TIMEOUT_S, self.procs["router"], interval_s=0.5)
                 break
             except RuntimeError as exc:  # the engines' own sockets may take a port after it was picked
-                if attempt + 1 == BIND_RETRIES or not _lost_port(str(exc)):
+                if attempt + 1 == BIND_RETRIES or not _lost_port(exc):
                     raise
                 router, metrics = (low_ports(self._hosts["router"], 2, self._rng) if isinstance(self.launcher, LocalLauncher)
                                    else [self.launcher.free_port("router") for _ in range(2)])
@@ -276,7 +276,7 @@ class VllmStack(LaunchedStack):
                 self._await_engine(role, started)
                 break
             except RuntimeError as exc:  # the same ports are kept: the router knows them
-                if attempt + 1 == BIND_RETRIES or not _lost_port(str(exc)):
+                if attempt + 1 == BIND_RETRIES or not _lost_port(exc):
                     raise
                 time.sleep(2.0)
         self.restarts.append({"role": role, "stopped_at": stopped_at, "ready_at": time.time()})
@@ -355,5 +355,7 @@ class VllmStack(LaunchedStack):
         }
 
 
-def _lost_port(error: str) -> bool:
-    return "Address already in use" in error or "address already in use" in error
+def _lost_port(error: Exception) -> bool:
+    """Another socket has the port: an engine that exited on its failed bind (the log tail in the
+    error says so), or another run's server answering for ours (PortTaken)."""
+    return isinstance(error, PortTaken) or "address already in use" in str(error).lower()
