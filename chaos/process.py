@@ -122,6 +122,10 @@ def launch(
     return ManagedProcess(name=name, argv=list(argv), log_path=log_path, popen=popen)
 
 
+# How servers say they lost their port: Python's and uvicorn's errno text, the Rust routers' words.
+PORT_TAKEN_WORDS = ("address already in use", "error while attempting to bind on address")
+
+
 class PortTaken(RuntimeError):
     """Another process listens on the port one of our servers was given: whatever answers there
     is not ours. (The message says "Address already in use", as the losing server would.)"""
@@ -159,17 +163,33 @@ def wait_http_ok(
 
 
 def check_listener(url: str, process: ManagedProcess) -> None:
-    """PortTaken when the socket listening on `url`'s port belongs to no member of `process`'s group."""
+    """PortTaken when the socket listening on `url`'s port belongs to no member of `process`'s group.
+    Only the group's descriptors are read when it does (the common case); all of /proc only to
+    name the owner when it does not."""
     port = httpx.URL(url).port
-    owners = listener_pids(port) if port is not None else None
-    if owners is not None and not owners & set(group_members(process.pgid)):
-        raise PortTaken(f"{url} is answered by pid {', '.join(map(str, sorted(owners)))}, not by {process.name} "
-                        f"(process group {process.pgid}): Address already in use")
+    sockets = _listening_sockets(port) if port is not None else set()
+    if not sockets or any(_holds(pid, sockets) for pid in group_members(process.pgid)):
+        return
+    owners = _owners(sockets)
+    raise PortTaken(f"{url} is answered by pid {', '.join(map(str, sorted(owners))) or '(unknown)'}, not by "
+                    f"{process.name} (process group {process.pgid}): Address already in use")
+
+
+def says_port_taken(text: str) -> bool:
+    """Whether a server's error or log says it lost its port to another socket."""
+    lowered = text.lower()
+    return any(words in lowered for words in PORT_TAKEN_WORDS)
 
 
 def listener_pids(port: int) -> set[int] | None:
     """The pids holding a listening TCP socket on `port` in this network namespace; None when
     /proc shows no such socket (another namespace, another OS): then nothing can be told."""
+    sockets = _listening_sockets(port)
+    return (_owners(sockets) or None) if sockets else None
+
+
+def _listening_sockets(port: int) -> set[str]:
+    """`socket:[inode]` names of the TCP sockets listening on `port`, as /proc/PID/fd links read."""
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -181,25 +201,25 @@ def listener_pids(port: int) -> set[int] | None:
             fields = row.split()
             if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
                 inodes.add(fields[9])
-    if not inodes:
-        return None
-    sockets = {f"socket:[{inode}]" for inode in inodes}
-    owners: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    return {f"socket:[{inode}]" for inode in inodes}
+
+
+def _holds(pid: int, sockets: set[str]) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
         try:
-            fds = os.listdir(f"/proc/{entry}/fd")
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in sockets:
+                return True
         except OSError:
             continue
-        for fd in fds:
-            try:
-                if os.readlink(f"/proc/{entry}/fd/{fd}") in sockets:
-                    owners.add(int(entry))
-                    break
-            except OSError:
-                continue
-    return owners or None
+    return False
+
+
+def _owners(sockets: set[str]) -> set[int]:
+    return {int(entry) for entry in os.listdir("/proc") if entry.isdigit() and _holds(int(entry), sockets)}
 
 
 def process_state(pid: int) -> str | None:

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import httpx
 
 from chaos.errors import UsageError
-from chaos.http_status import rejects_the_prompt
+from chaos.http_status import NOT_ABOUT_THE_PROMPT_4XX
 from chaos.journal import EventKind, JournalEvent, Outcome, RequestRecord
 from chaos.oracles.liveness import loads_ranks
 from chaos.oracles.canary import (
@@ -753,7 +753,7 @@ class OverLengthBurst(TrafficFault):
             return Confirmation(False, f"no over-length prompt was sent ({notes})")
         # Answered by the server's admission: a 404 or 401 never reached it (chaos/http_status.py).
         answered = [e for e in probes if e.status is not None
-                    and not (400 <= e.status < 500 and not rejects_the_prompt(e.status))]
+                    and e.status not in NOT_ABOUT_THE_PROMPT_4XX]
         parts = []
         for ex in probes:
             threshold = getattr(self, "_probe_thresholds", {}).get(ex.rid)

@@ -345,3 +345,27 @@ def test_a_proxy_that_lost_its_port_makes_the_stack_start_again(tmp_path: Path, 
         with running(stack):
             assert stack.proxies and all(p.listen != f"127.0.0.1:{taken}" for p in stack.proxies.values())
             assert httpx.get(stack.router_url + "/readiness", timeout=5).status_code == 200
+
+
+def test_a_driver_lost_while_a_worker_restarts_leaves_its_new_pid_for_heal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart (memory_fraction, engine_failure) records the new worker as soon as it is
+    launched: a driver killed before the worker is ready must not leave it unknown to heal."""
+    from chaos.process import pid_alive
+    from chaos.targets.state import stop_from_state
+
+    stack = SimStack(SimStackConfig(proxied_links=False), tmp_path)
+    with running(stack):
+        old_pgid = stack.procs["decode"].pgid
+
+        def driver_killed(*_: object, **__: object) -> None:
+            raise KeyboardInterrupt  # what the driver's death looks like to this frame
+
+        monkeypatch.setattr("chaos.targets.sim.stack.wait_http_ok", driver_killed)
+        with pytest.raises(KeyboardInterrupt):
+            stack.restart("decode", max_total_tokens=2048)
+        new_pgid = stack.procs["decode"].pgid
+        assert new_pgid != old_pgid and pid_alive(new_pgid)
+        recorded = json.loads(stack.state_path(tmp_path).read_text())
+        assert new_pgid in {p["pgid"] for p in recorded["processes"]}
+        assert any(f"process group {new_pgid}" in line for line in stop_from_state(tmp_path))
+        assert stack.procs["decode"].popen.wait(timeout=10) is not None  # killed (and reaped: it is our child)

@@ -12,14 +12,11 @@ from collections.abc import Callable
 
 import httpx
 
-from chaos.process import ManagedProcess, PortTaken, check_listener
+from chaos.process import ManagedProcess, PortTaken, check_listener, says_port_taken
 from chaos.targets.launcher import ProcessHandle
 
 REQUEST_TIMEOUT_S = 25.0  # over SGLang's 20 s health-check timeout
 INTERVAL_S = 1.0
-# uvicorn's line when the port it was given was taken between choosing it and binding it (a minute
-# of imports on a busy machine): whatever took it may answer /health in its place.
-BIND_FAILED = ("error while attempting to bind on address", "address already in use")
 
 
 def answered_200(response: httpx.Response) -> bool:
@@ -36,7 +33,9 @@ def await_health(url: str, timeout_s: float, process: ProcessHandle,
     with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
         while True:
             tail = process.read_log()[-4000:]
-            if any(line in tail for line in BIND_FAILED):
+            # uvicorn says so when the port it was given was taken between choosing it and binding
+            # it (a minute of imports on a busy machine): whatever took it may answer in its place.
+            if says_port_taken(tail):
                 raise PortTaken(f"{process.name} could not bind its port; its log ends:\n{tail[-1500:]}")
             if not process.alive():
                 raise RuntimeError(f"{process.name} exited with code {process.returncode} before {url} answered; "

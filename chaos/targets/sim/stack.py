@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from chaos.process import PortTaken, wait_http_ok
+from chaos.process import PortTaken, says_port_taken, wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.launcher import Launcher, PlannedCommand, ProcessHandle
@@ -181,6 +181,8 @@ class SimStack(LaunchedStack):
     def _start_worker(self, role: str, settings: WorkerSettings) -> None:
         self.settings[role] = settings
         self.procs[role] = self.launcher.launch(self._worker_command(role, settings))
+        # Recorded before it is ready: a driver killed while it starts leaves `pdchaos heal` a pid.
+        self.write_state()
 
     def _proxy_upstream(self, link: str) -> str:
         role, port = {"router_prefill": ("prefill", "prefill"), "router_decode": ("decode", "decode"),
@@ -254,7 +256,6 @@ class SimStack(LaunchedStack):
         settings = replace(self.settings[role], **overrides)
         self._start_worker(role, settings)
         wait_http_ok(self.worker_url(role) + "/health", self.config.startup_timeout_s, self.procs[role])
-        self.write_state()
 
     # ------------------------------------------------------------------------- inspection ----
 
@@ -305,7 +306,7 @@ def _wait_proxy_ready(proc: ProcessHandle, timeout_s: float) -> dict[str, Any]:
                 if ready.get("pid") == proc.pid and ready.get("listen") and ready.get("control"):
                     return ready
         if not proc.alive():
-            error = PortTaken if "address already in use" in text.lower() else RuntimeError  # its bind lost the race
+            error = PortTaken if says_port_taken(text) else RuntimeError  # its bind lost the race
             raise error(f"{proc.name} exited with code {proc.returncode} before it listened; see its log:\n{proc.read_log()[-2000:]}")
         time.sleep(0.05)
     raise TimeoutError(f"{proc.name} did not report its ports within {timeout_s:.0f}s; its log ends:\n{proc.read_log()[-2000:]}")

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from chaos.errors import TargetError
-from chaos.process import PortTaken, wait_http_ok
+from chaos.process import PortTaken, says_port_taken, wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.launched import LaunchedStack
 from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand
@@ -358,4 +358,4 @@ class VllmStack(LaunchedStack):
 def _lost_port(error: Exception) -> bool:
     """Another socket has the port: an engine that exited on its failed bind (the log tail in the
     error says so), or another run's server answering for ours (PortTaken)."""
-    return isinstance(error, PortTaken) or "address already in use" in str(error).lower()
+    return isinstance(error, PortTaken) or says_port_taken(str(error))
