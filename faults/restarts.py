@@ -14,7 +14,7 @@ from typing import Any, Literal
 from chaos.errors import UsageError
 from faults.base import Confirmation, Fault, FaultContext, FaultParams
 from chaos.targets.dialect import WorkerLimits, dialect_of
-from faults.signals import LogCursor
+from faults.signals import LogCursor, transfer_failures
 from faults.undo import UndoAction
 
 FAILURE_ENV = "SGLANG_TEST_DISAGG_FAILURE_PROB"
@@ -99,15 +99,24 @@ class EngineFailure(Fault):
                 for r in self._roles()]
 
     def inject(self, ctx: FaultContext) -> None:
-        # Restarted workers append to the same log file, so a cursor taken now still holds;
-        # their counters restart from zero, so metrics cannot be compared across the restart.
+        # Restarted workers append to the same log file, so a cursor taken now still holds; their
+        # counters restart from zero, so they are read once every restarted role is up.
         ctx.baseline["cursors"] = {r: LogCursor.at_end(ctx.target.logs(r)) for r in self._roles()}
         for role in self._roles():
             env = dict(ctx.target.role_settings(role).get("env", {}))
             env[FAILURE_ENV] = str(self.params.probability)  # type: ignore[attr-defined]
             ctx.target.restart(role, env=env)
+        ctx.baseline["failures"] = {r: transfer_failures(ctx.target, r) for r in self._roles()}
 
     def confirm(self, ctx: FaultContext) -> Confirmation:
+        """A failed transfer on a restarted role: in its log, or in its failed-transfer counter.
+        SGLang logs an injected failure only at DEBUG (it has no failure record, so
+        `failure_exception()` in disaggregation/common/conn.py calls it another rank's), but its
+        decode counts every failed transfer in `sglang:num_transfer_failed_reqs_total`."""
         lines = sum(cursor.count(ctx.target.logs(role), "injected failure|KVTransferError")
                     for role, cursor in ctx.baseline["cursors"].items())
-        return Confirmation(lines > 0, f"injected-failure or KVTransferError lines since inject: {lines}")
+        failed = sum(max(0.0, transfer_failures(ctx.target, role) - before)
+                     for role, before in ctx.baseline.get("failures", {}).items())
+        return Confirmation(lines > 0 or failed > 0,
+                            f"injected-failure or KVTransferError log lines since inject: {lines}; "
+                            f"failed transfers counted since the restart: {failed:g}")

@@ -5,7 +5,7 @@ One pair serves the whole module, launched through the same code that launches S
 startup line, `pdchaos canary` runs against its router, the campaign runs on the pair (the runner
 is handed the started stack), and last a memory_fraction restart of prefill to the incident's
 pool (docs/sglang-cpu-tier.md) shows what SGLang 0.5.23 does with a prompt between prefill's and
-decode's limits. `make sglang-env` installs the venv; without it every test here is skipped.
+decode's limits, and an engine_failure restart of decode is confirmed from its failed-transfer counter. `make sglang-env` installs the venv; without it every test here is skipped.
 """
 
 from __future__ import annotations
@@ -158,3 +158,37 @@ def test_memory_fraction_restart_to_the_incident_pools(pair: SGLangStack, run: R
         fault.heal(ctx, plan)
     assert fault.audit(ctx, plan) == []
     assert SGLANG.limits(pair.worker_url("prefill")).pool_tokens == 8192
+
+
+@pytest.mark.timeout(900)
+def test_engine_failure_is_confirmed_on_the_real_decode(pair: SGLangStack, run: RunOutcome, tmp_path: Path) -> None:
+    """Decode restarted with SGLANG_TEST_DISAGG_FAILURE_PROB: its transfers fail at random and the
+    clients see it ("Decode transfer failed ... KVTransferError", a 500 or a 200 ending in abort),
+    yet decode logs none of them above DEBUG (an injected failure counts as another rank's). The
+    fault confirms itself from decode's failed-transfer counter; the heal restarts decode without
+    the variable, and requests are served again."""
+    fault = build_fault("engine_failure", {"role": "decode", "probability": 0.05}, "failures")
+    ctx = FaultContext(target=pair, journal=Journal.create(tmp_path), window_id="failures")
+    plan = fault.undo_plan(ctx)
+    try:
+        fault.inject(ctx)
+        replies = [_generate(pair.router_url, 200) for _ in range(6)]
+        failed = [r for r in replies if r[0] != 200 or "Decode transfer failed" in r[1]]
+        assert failed, replies
+        confirmation = fault.confirm(ctx)
+        assert confirmation.confirmed, confirmation.evidence
+        assert "failed transfers counted since the restart: 0" not in confirmation.evidence, confirmation.evidence
+    finally:
+        fault.heal(ctx, plan)
+    assert fault.audit(ctx, plan) == []
+    status, text = _generate(pair.router_url, 200)
+    assert status == 200 and "Decode transfer failed" not in text, text
+
+
+def _generate(router: str, tokens: int) -> tuple[int | None, str]:
+    body = {"input_ids": [100 + i for i in range(tokens)], "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    try:
+        response = httpx.post(f"{router}/generate", json=body, timeout=120, trust_env=False)
+        return response.status_code, response.text[:2000]
+    except httpx.HTTPError as exc:
+        return None, type(exc).__name__
