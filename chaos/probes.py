@@ -34,14 +34,14 @@ SIZING_REPEATS = 8  # the filler this many times (~1,200 characters) sizes the p
 
 
 def chars_per_token(client: httpx.Client, base_url: str, api: str, index: int,
-                    timeout_s: float = 30.0) -> tuple[float, RequestRecord]:
+                    timeout_s: float = 30.0, model: str = "default") -> tuple[float, RequestRecord]:
     """Characters of the probes' filler per prompt token on the target's own tokenizer, from one
     request with no markers (the target counts its tokens), and that request's record.
     CHARS_PER_TOKEN when the target does not count them."""
     route: Api = "generate" if api == "sglang" else "completions"
     text = FILLER * SIZING_REPEATS
     prompt = Prompt(kind="sizing", messages=(Message("user", text),), markers=(), repeat=False, est_tokens=len(text) // 4)
-    body = request_body(route, prompt, stream=False, max_tokens=1, model="default", rid=None)
+    body = request_body(route, prompt, stream=False, max_tokens=1, model=model, rid=None)
     sent = Sent(id=f"sizing-{uuid.uuid4().hex[:8]}", request_index=index, phase="baseline", user_kind="sizing",
                 actor="runner", endpoint=ROUTES[route], stream=False, markers=(), prompt=text, max_tokens=1,
                 planned_send=None)
@@ -105,12 +105,14 @@ def reader_order(probes: list[Probe]) -> list[Probe]:
     return ranked[: (len(ranked) + 1) // 2]
 
 
-def send_probe(client: httpx.Client, base_url: str, probe: Probe, phase: str, api: str, timeout_s: float = 60.0) -> RequestRecord:
-    """Send one probe, streamed, and return its record (never raises on HTTP trouble)."""
+def send_probe(client: httpx.Client, base_url: str, probe: Probe, phase: str, api: str, timeout_s: float = 60.0,
+               model: str = "default") -> RequestRecord:
+    """Send one probe, streamed, and return its record (never raises on HTTP trouble). `model` is
+    the name the target's /v1/models gave (an OpenAI server may refuse any other)."""
     route: Api = "generate" if api == "sglang" else "completions"
     prompt = Prompt(kind="probe", messages=(Message("user", probe.prompt),), markers=probe.markers,
                     repeat="repeat" in probe.prompt, est_tokens=len(probe.prompt) // 4)
-    body = request_body(route, prompt, stream=True, max_tokens=probe.max_tokens, model="default", rid=None)
+    body = request_body(route, prompt, stream=True, max_tokens=probe.max_tokens, model=model, rid=None)
     if probe.lora_path:
         body["lora_path"] = probe.lora_path
     sent = Sent(id=f"probe-{probe.index}-{phase}-{uuid.uuid4().hex[:8]}", request_index=probe.index, phase=phase,

@@ -232,7 +232,8 @@ class Runner:
         j.append_event(JournalEvent(EventKind.PHASE, "baseline:start"))
         self._snapshot("idle_before", "before")
         with httpx.Client(trust_env=False) as client:
-            per_token, sizing = chars_per_token(client, endpoints.router_url, self.api, SIZING_INDEX)
+            per_token, sizing = chars_per_token(client, endpoints.router_url, self.api, SIZING_INDEX,
+                                              model=self.facts.model)
             j.append_request(sizing)
             adapters = ADAPTERS if self.adapters is None else self.adapters
             self.probes = build_probes(self.codec, self.campaign.probes.count, self.facts.context_length,
@@ -243,9 +244,11 @@ class Runner:
                     if self.stop.is_set():
                         raise Interrupted("stop")
                     self._flush_caches(client)  # a reference must be computed cold, from its own prompt
-                    j.append_request(send_probe(client, endpoints.router_url, probe, "baseline", self.api))
+                    j.append_request(send_probe(client, endpoints.router_url, probe, "baseline", self.api,
+                                                model=self.facts.model))
             if "tenant_isolation" in self.campaign.oracles.enabled:
-                run_tenant_probe(client, endpoints.router_url, j, self.codec, TENANT_INDEX_BASE, self.api, stop=self.stop)
+                run_tenant_probe(client, endpoints.router_url, j, self.codec, TENANT_INDEX_BASE, self.api,
+                                 model=self.facts.model, stop=self.stop)
                 if self.stop.is_set():
                     raise Interrupted("stop")
         j.flush()
@@ -407,7 +410,8 @@ class Runner:
 
     def _send_probe(self, client: httpx.Client, probe: Probe, phase: str) -> RequestRecord:
         assert self.target is not None
-        return send_probe(client, self.target.endpoints.router_url, probe, phase, self.api, timeout_s=self.campaign.probes.timeout_s)
+        return send_probe(client, self.target.endpoints.router_url, probe, phase, self.api,
+                          timeout_s=self.campaign.probes.timeout_s, model=self.facts.model)
 
     def _record_probe(self, record: RequestRecord) -> None:
         assert self.journal is not None

@@ -58,3 +58,31 @@ def test_reuse_waves_replay_the_longer_half_of_the_probes_longest_first() -> Non
     assert len(readers) == 4 and lengths == sorted(lengths, reverse=True)
     assert min(lengths) >= max(len(p.prompt) for p in probes if p not in readers)
     assert [p.index for p in reader_order(probes[:1])] == [0]
+
+
+def test_probes_name_the_model_the_target_serves() -> None:
+    """An OpenAI server may refuse a model it does not serve: the probes and the sizing request
+    send the name discovery read from /v1/models, not a placeholder."""
+    import json
+
+    import httpx
+
+    from chaos.probes import chars_per_token, send_probe
+
+    seen: list[str] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        model = json.loads(request.content)["model"]
+        seen.append(model)
+        if model != "tiny-llama":
+            return httpx.Response(404, json={"error": {"message": f"The model `{model}` does not exist."}})
+        return httpx.Response(200, json={"choices": [{"text": "ok", "finish_reason": "length"}],
+                                         "usage": {"prompt_tokens": 300, "completion_tokens": 1}})
+
+    probe = build_probes(MarkerCodec("K7QX"), 1, 2048, 1)[0]
+    with httpx.Client(transport=httpx.MockTransport(serve)) as client:
+        per_token, sizing = chars_per_token(client, "http://target", "openai", 0, model="tiny-llama")
+        record = send_probe(client, "http://target", probe, "baseline", "openai", model="tiny-llama")
+    assert seen == ["tiny-llama", "tiny-llama"]
+    assert sizing.status == 200 and record.status == 200
+    assert per_token == len(sizing.prompt) / 300
