@@ -29,7 +29,8 @@ def endings_line(e: OutcomeClasses) -> str:
     """The four classes of reports/outcomes.py in one line, the unexplained ones named."""
     top = ", ".join(f"{md(name)} {n:,}" for name, n in e.unexplained_error_classes[:3])
     return (f"answered {e.answered:,} · ended as intended {e.as_intended:,} (over-length prompts refused, aborts) · "
-            f"under a fault {e.under_fault:,} · **unexplained {e.unexplained:,}**" + (f" ({top})" if top else ""))
+            f"under a fault {e.under_fault:,} · **unexplained {e.unexplained:,}**" + (f" ({top})" if top else "")
+            + (f" · connections refused {e.refused_connections:,} (users back off)" if e.refused_connections else ""))
 
 
 def render_markdown(report: RunReport) -> str:

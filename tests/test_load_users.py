@@ -371,3 +371,21 @@ def test_broken_replies_become_anomalies_and_the_users_keep_going(garbage_server
         later = [r for r in run.records if r.actor == record.actor and (r.t_send or 0) > (record.t_end or 0)]
         assert later, f"{record.actor} stopped after an 8 MiB body"
     assert len(run.records) >= 3 * len(GarbageServer.KINDS)
+
+
+def test_users_back_off_when_the_target_refuses_connections(tmp_path: Path) -> None:
+    """A router killed on purpose refuses connections for a few seconds: each user waits longer
+    after each refusal (doubling, jittered, at most a second) instead of spinning at hundreds of
+    attempts a second, and every attempt is still recorded as a connect error."""
+    facts = TargetFacts(model="m", api="sglang", context_length=4096)
+    config = config_for(tmp_path, f"http://127.0.0.1:{free_port()}", facts, {"canary_chat": 1.0}, users=2, duration_s=5.0)
+    run = run_locust(config)
+    check_every_record(run)
+    refused = [r for r in run.records if r.error_class != "load_stopped"]  # one may be cut by the end
+    assert {r.error_class for r in refused} == {"connect_error"}
+    for actor in {r.actor for r in refused}:
+        sends = sorted(r.t_send for r in refused if r.actor == actor and r.t_send is not None)
+        gaps = [b - a for a, b in itertools.pairwise(sends)]
+        assert 3 <= len(sends) <= 15, (actor, len(sends))
+        assert max(gaps) >= 0.4 and max(gaps) <= 1.5, gaps
+        assert gaps[-1] > gaps[0], gaps
