@@ -33,6 +33,9 @@ from loadprofiles.sse import ParsedResponse
 
 PROMPT_KEEP_CHARS = 16384  # longer prompts are left out of the record (prompt_chars keeps the size)
 DETAIL_CHARS = 2000
+# Endings that say "not now" rather than "no": nothing listened (the router is down) or the router
+# had no worker to send to (503). Users back off on them; the report counts them.
+UNAVAILABLE_ENDINGS = frozenset({"connect_error", "http_503"})
 ANOMALY_CHARS = 4000
 
 

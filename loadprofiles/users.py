@@ -29,14 +29,15 @@ from chaos.oracles.canary import MarkerCodec
 from loadprofiles.config import LoadConfig
 from loadprofiles.exchange import ROUTES, AbortPhase, Interrupt, perform, post_aborts, request_body
 from loadprofiles.prompts import Conversation, Prompt, PromptFactory, Threshold
-from loadprofiles.recorder import Judgement, Observed, RecordWriter, Sent, build_record, emit, judge
+from loadprofiles.recorder import (UNAVAILABLE_ENDINGS, Judgement, Observed, RecordWriter, Sent, build_record, emit,
+                                   judge)
 from loadprofiles.sse import DEFAULT_BODY_CAP, Api
 
 CONTROL_TIMEOUT_S = 5.0  # /abort_request calls
 ABORT_MAX_TOKENS = 128  # aborting users need a reply that lasts long enough to be cut
 ABORT_DELAY_S = (0.0, 0.25)  # /abort_request this long after sending: queued, prefill, transfer or decode
 BEFORE_FIRST_BYTE_S = (0.005, 0.1)  # give up waiting for the headers after this long
-BACKOFF_FIRST_S = 0.05  # the wait after one refused connection; it doubles with each in a row
+BACKOFF_FIRST_S = 0.05  # the wait after one such ending; it doubles with each in a row
 BACKOFF_MAX_S = 1.0  # ... up to this: a restarted router is found within a second
 
 
@@ -107,7 +108,7 @@ class PdchaosUser(User):
         self.rng = random.Random(f"{self.context.config.seed}:user:{self.user_id}")
         self.http: httpx.Client | None = None
         self.planned_send: float | None = None
-        self.refused_in_a_row = 0  # connections the target refused since its last answer
+        self.unavailable_in_a_row = 0  # refused connections and 503s since the target's last answer
 
     # Locust calls this between tasks; the chosen wait says when the next request is due, so
     # a late send (a saturated load generator) shows as t_send - planned_send.
@@ -118,12 +119,13 @@ class PdchaosUser(User):
         return wait
 
     def backoff_s(self) -> float:
-        """How long to wait after refused connections: doubling from BACKOFF_FIRST_S up to
-        BACKOFF_MAX_S, with jitter, so a dead router (killed on purpose) is retried a few times a
-        second by each user instead of hundreds, and the users do not come back in step."""
-        if not self.refused_in_a_row:
+        """How long to wait while the target is unavailable (a refused connection: the router is
+        down; a 503: it has no worker to send to): doubling from BACKOFF_FIRST_S up to
+        BACKOFF_MAX_S, with jitter, so a role killed on purpose is retried a few times a second by
+        each user instead of hundreds, and the users do not come back in step."""
+        if not self.unavailable_in_a_row:
             return 0.0
-        ceiling = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (self.refused_in_a_row - 1))
+        ceiling = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (self.unavailable_in_a_row - 1))
         return self.rng.uniform(ceiling / 2, ceiling)
 
     def on_start(self) -> None:
@@ -213,7 +215,7 @@ class PdchaosUser(User):
         if not obs.load_stopped:
             self.after(prompt, obs, verdict)
         record = build_record(sent, obs, verdict, detail_prefix=prefix)
-        self.refused_in_a_row = self.refused_in_a_row + 1 if record.error_class == "connect_error" else 0
+        self.unavailable_in_a_row = self.unavailable_in_a_row + 1 if record.error_class in UNAVAILABLE_ENDINGS else 0
         emit(self.context.writer, record, name=name, expected=self.expected(verdict, obs), event=self.environment.events.request)
 
 

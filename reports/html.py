@@ -89,7 +89,7 @@ def _cards(report: RunReport) -> str:
         ("requests", f"{t.counts.total:,}", ""),
         ("answered / as intended / under a fault", f"{e.answered:,} / {e.as_intended:,} / {e.under_fault:,}", ""),
         ("unexplained endings", f"{e.unexplained:,}", "warn" if e.unexplained else "good"),
-        ("connections refused (users back off)", f"{e.refused_connections:,}", ""),
+        ("attempts on an unavailable endpoint (refused, 503)", f"{e.unavailable_attempts:,}", ""),
         ("faults confirmed", f"{confirmed} of {len(report.faults)}", "warn" if confirmed < len(report.faults) else ""),
         ("faults healed", f"{healed} of {len(report.faults)}", "bad" if healed < len(report.faults) else ""),
         ("TTFT p99 outside / under faults",

@@ -30,7 +30,8 @@ def endings_line(e: OutcomeClasses) -> str:
     top = ", ".join(f"{md(name)} {n:,}" for name, n in e.unexplained_error_classes[:3])
     return (f"answered {e.answered:,} · ended as intended {e.as_intended:,} (over-length prompts refused, aborts) · "
             f"under a fault {e.under_fault:,} · **unexplained {e.unexplained:,}**" + (f" ({top})" if top else "")
-            + (f" · connections refused {e.refused_connections:,} (users back off)" if e.refused_connections else ""))
+            + (f" · attempts on an unavailable endpoint {e.unavailable_attempts:,} (refused or 503; users back off)"
+               if e.unavailable_attempts else ""))
 
 
 def render_markdown(report: RunReport) -> str:

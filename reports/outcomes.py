@@ -31,13 +31,13 @@ import numpy as np
 
 from chaos.http_status import rejects_the_prompt
 from chaos.windows import AFTERSHOCK_S
+from loadprofiles.recorder import UNAVAILABLE_ENDINGS
 from reports.columns import OUTCOME_CODES, RequestColumns
 from reports.traffic import BASELINE_PHASE, Span
 
 OVER_LENGTH_KINDS = frozenset({"over_length"})  # the load's user and the burst's prompts (faults/traffic.py)
 ABORTING_KINDS = frozenset({"aborting", "fault_abort"})
 ABORT_ENDINGS = frozenset({"abort", "disconnect"})
-REFUSED = "connect_error"  # no connection: the endpoint was down (loadprofiles/exchange.py)
 SUITE_ENDINGS = frozenset({"load_stopped"})  # the load's end stopped it in flight (loadprofiles/recorder.py)
 
 
@@ -48,9 +48,9 @@ class OutcomeClasses:
     under_fault: int = 0
     unexplained: int = 0
     unexplained_error_classes: tuple[tuple[str, int], ...] = ()  # the most frequent first
-    # Attempts a dead endpoint absorbed (connection refused, whatever the class above): the users
-    # back off when refused (loadprofiles/users.py), so this stays a few per user per second down.
-    refused_connections: int = 0
+    # Attempts an unavailable endpoint absorbed (connection refused or 503, whatever the class
+    # above): the users back off on them (loadprofiles/users.py), a few per user per second.
+    unavailable_attempts: int = 0
 
     @property
     def total(self) -> int:
@@ -59,7 +59,7 @@ class OutcomeClasses:
     def to_json(self) -> dict[str, object]:
         return {"answered": self.answered, "as_intended": self.as_intended, "under_fault": self.under_fault,
                 "unexplained": self.unexplained, "unexplained_error_classes": dict(self.unexplained_error_classes),
-                "refused_connections": self.refused_connections}
+                "unavailable_attempts": self.unavailable_attempts}
 
 
 def as_intended(user_kind: str, status: int, error_class: str | None) -> bool:
@@ -99,4 +99,4 @@ def classify(cols: RequestColumns, spans: Sequence[Span], aftershock_s: float = 
     return OutcomeClasses(
         answered=int((loaded & ok).sum()), as_intended=int((loaded & intended).sum()), under_fault=int((loaded & under).sum()),
         unexplained=int(rest.sum()), unexplained_error_classes=tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
-        refused_connections=sum(1 for error, load in zip(cols.error_class, loaded) if load and error == REFUSED))
+        unavailable_attempts=sum(1 for error, load in zip(cols.error_class, loaded) if load and error in UNAVAILABLE_ENDINGS))

@@ -8,6 +8,8 @@ then checks the records file against Locust's own count and the properties every
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import itertools
 import json
 import os
@@ -373,18 +375,48 @@ def test_broken_replies_become_anomalies_and_the_users_keep_going(garbage_server
     assert len(run.records) >= 3 * len(GarbageServer.KINDS)
 
 
-def test_users_back_off_when_the_target_refuses_connections(tmp_path: Path) -> None:
-    """A router killed on purpose refuses connections for a few seconds: each user waits longer
-    after each refusal (doubling, jittered, at most a second) instead of spinning at hundreds of
-    attempts a second, and every attempt is still recorded as a connect error."""
+@contextlib.contextmanager
+def _unavailable(kind: str) -> Iterator[str]:
+    """A URL where nothing listens, or where a router with no worker answers every request 503."""
+    if kind == "refused":
+        yield f"http://127.0.0.1:{free_port()}"
+        return
+
+    class NoWorker(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            body = b'{"error": "No available decode workers"}'
+            self.send_response(503)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoWorker)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(("kind", "ending"), [("refused", "connect_error"), ("no_worker", "http_503")])
+def test_users_back_off_while_the_target_is_unavailable(kind: str, ending: str, tmp_path: Path) -> None:
+    """A router killed on purpose refuses connections, one whose worker was killed answers 503:
+    each user waits longer after each such ending (doubling, jittered, at most a second) instead
+    of spinning at hundreds of attempts a second, and every attempt is still recorded."""
     facts = TargetFacts(model="m", api="sglang", context_length=4096)
-    config = config_for(tmp_path, f"http://127.0.0.1:{free_port()}", facts, {"canary_chat": 1.0}, users=2, duration_s=5.0)
-    run = run_locust(config)
+    with _unavailable(kind) as url:
+        run = run_locust(config_for(tmp_path, url, facts, {"canary_chat": 1.0}, users=2, duration_s=5.0))
     check_every_record(run)
-    refused = [r for r in run.records if r.error_class != "load_stopped"]  # one may be cut by the end
-    assert {r.error_class for r in refused} == {"connect_error"}
-    for actor in {r.actor for r in refused}:
-        sends = sorted(r.t_send for r in refused if r.actor == actor and r.t_send is not None)
+    endings = [r for r in run.records if r.error_class != "load_stopped"]  # one may be cut by the end
+    assert {r.error_class for r in endings} == {ending}
+    for actor in {r.actor for r in endings}:
+        sends = sorted(r.t_send for r in endings if r.actor == actor and r.t_send is not None)
         gaps = [b - a for a, b in itertools.pairwise(sends)]
         assert 3 <= len(sends) <= 15, (actor, len(sends))
         assert max(gaps) >= 0.4 and max(gaps) <= 1.5, gaps

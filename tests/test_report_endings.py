@@ -54,7 +54,7 @@ def columns(rows: list[tuple]) -> RequestColumns:
 @pytest.mark.parametrize(("row", "expected"), CASES, ids=[f"{r[1]}-{r[3]}-{r[4]}-{r[5]:g}s" for r, _ in CASES])
 def test_each_ending_lands_in_its_class(row: tuple, expected: str | None) -> None:
     classes = classify(columns([row]), [WINDOW]).to_json()
-    counts = {k: v for k, v in classes.items() if k not in ("unexplained_error_classes", "refused_connections")}
+    counts = {k: v for k, v in classes.items() if k not in ("unexplained_error_classes", "unavailable_attempts")}
     assert counts == {k: int(k == expected) for k in counts}
 
 
@@ -64,7 +64,7 @@ def test_every_request_of_the_load_is_in_exactly_one_class_and_the_unexplained_a
     assert classes.total == sum(1 for r in rows if r[0] != "baseline")
     assert dict(classes.unexplained_error_classes) == {"http_503": 2, "http_404": 1, "http_500": 1, "http_502": 1,
                                                        "read_timeout": 1}
-    assert classes.refused_connections == 1  # the attempt on the killed router, whatever its class
+    assert classes.unavailable_attempts == 4  # refused by the killed router, or 503: no worker to send to
 
 
 def test_the_endings_are_in_every_rendering_of_a_run(tmp_path: Path) -> None:
@@ -72,7 +72,7 @@ def test_the_endings_are_in_every_rendering_of_a_run(tmp_path: Path) -> None:
     render_all(run)
     endings = json.loads((run / "report.json").read_text())["requests"]["endings"]
     assert set(endings) == {"answered", "as_intended", "under_fault", "unexplained", "unexplained_error_classes",
-                            "refused_connections"}
+                            "unavailable_attempts"}
     assert endings["answered"] > 0
     summary = (run / "summary.md").read_text()
     assert "**Endings**" in summary
