@@ -201,6 +201,9 @@ class OracleSpec(Strict):
     request_deadline_s: float = Field(120.0, gt=0)
     drain_timeout_s: float = Field(30.0, gt=0)
     timing_tell_factor: float = Field(0.5, gt=0, le=1)
+    pool_preflight: bool = Field(True, description="judge every worker's KV pool against its context length (the "
+                                 "incident's configuration FAILs); false only for a campaign that builds that "
+                                 "configuration on purpose, to see what each engine release does with it")
 
     def settings(self, gates: GateSpec) -> OracleSettings:
         return OracleSettings(

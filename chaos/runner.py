@@ -548,7 +548,8 @@ class Runner:
             except Exception as exc:  # an oracle that breaks proves nothing
                 log.exception("oracle %s failed", name)
                 results.append(OracleResult(name, Verdict.INCONCLUSIVE, notes=[f"the oracle raised {type(exc).__name__}: {exc}"]))
-        results.append(self._preflight_result())
+        if self.campaign.oracles.pool_preflight:
+            results.append(self._preflight_result())
         for result in results:
             j.append_event(JournalEvent(EventKind.VERDICT, "oracle", _as_json(result)))
         gates = self._gates(ctx, stopped_early)

@@ -235,6 +235,41 @@ def test_status_passes_on_the_embedded_engine(journal: Journal, sim_stack: SimSt
     assert result.checked == 6
 
 
+@integration
+@pytest.mark.parametrize("defective", [True, False], ids=["accepts-over-length", "clean"])
+def test_status_judges_every_load_prompt_over_the_deployments_limit(journal: Journal, defective: bool) -> None:
+    """Not only the over-length user's prompts: any request the target itself counted over the
+    deployment's input limit and served 200 is the incident on ordinary traffic. The clean server
+    refuses the same prompts with 400."""
+    journal.set_meta("limits", {"context_length": 1024})
+    with serve(Defects(accept_over_length=defective)) as server:
+        drive(journal, server.url, [Shot(index=10 + i, text=words(f"pfx{i}", OVER_LENGTH), user_kind="prefix_sharing")
+                                    for i in range(2)] + [Shot(index=20, text=words("short", 40), user_kind="prefix_sharing")],
+              concurrent=True)
+    result = StatusContractOracle().evaluate(context(journal))
+    if defective:
+        assert result.verdict is Verdict.FAIL and len(fails(result)) == 2, result
+        assert {f.evidence["rule"] for f in result.findings} == {"over_length_accepted"}
+        assert all(f.evidence["input_limit"] == 1023 and f.evidence["prompt_tokens"] > 1023 for f in result.findings)
+        assert all("prefix_sharing prompt" in s for s in fails(result))
+    else:
+        statuses = sorted(r.status for r in journal.iter_requests())
+        assert statuses == [200, 400, 400] and result.verdict is Verdict.PASS, result
+
+
+def test_status_over_the_limit_needs_the_targets_own_count_and_a_known_limit(journal: Journal) -> None:
+    journal.append_requests([
+        record("served", 1, prompt_tokens=3000, completion_tokens=16, max_tokens=16),
+        record("aborted-unserved", 2, prompt_tokens=3000, finish_reason="abort", completion_tokens=0, stream=True),
+        record("no-count", 3, prompt_tokens=None, completion_tokens=16, max_tokens=16),
+    ])
+    assert StatusContractOracle().evaluate(context(journal)).verdict is Verdict.PASS  # no limit known: not judged
+    journal.set_meta("limits", {"context_length": 2048, "max_req_input_len": 2042})
+    result = StatusContractOracle().evaluate(context(journal))
+    assert [f.request_id for f in result.findings] == ["served"], result.findings
+    assert result.findings[0].evidence["input_limit"] == 2042
+
+
 def test_status_edges_5xx_router_loss_in_a_fault_and_unjudged_over_length(journal: Journal) -> None:
     fault_event(journal, "worker_kill", "w1", "inject", t=999.0)
     fault_event(journal, "worker_kill", "w1", "heal", t=1001.0)

@@ -12,6 +12,11 @@ Status contract (`status`):
   target reports no limit (`over_length_unverified`): those are not judged. A 5xx is FAIL: the
   server failed at what is a client error. Exception: a 502/503/504 overlapping a fault window is the
   router losing its worker (a kill, a partition), not an answer to the prompt; it is not judged.
+* any other request whose prompt the target itself counted (`prompt_tokens`) over the
+  deployment's input limit (meta `limits`: `max_req_input_len`, else the context length) must not
+  be answered 200 as served either: the same rule (`over_length_accepted`), for the load prompts
+  that happen to cross a limit (on SGLang 0.5.19, load prompts over prefill's limit came back 200
+  `length` from a one-token stub).
 * a 200 whose finish reason is `length` must carry `max_tokens` completion tokens: fewer is a
   failure reported as success (K7, SGLang #33507: an abort mid-transfer came back as 200
   `length`). For an `aborting` request the finding says so. Needs `completion_tokens` and
@@ -46,6 +51,16 @@ CONTEXT_RESERVE = 2  # tokens SGLang keeps free at the end of the context window
 BASELINE_PHASE = "baseline"
 ROUTER_LOST_WORKER = (502, 503, 504)  # the router lost, or has no healthy, worker
 MAX_FINDINGS_PER_RULE = 50
+
+
+def _input_limit(limits: dict[str, object]) -> int | None:
+    """The longest prompt the deployment admits, in tokens, from the limits the run discovered
+    (the least over its workers): SGLang's `max_req_input_len`, else one under the context."""
+    for key, slack in (("max_req_input_len", 0), ("context_length", 1)):
+        value = limits.get(key)
+        if isinstance(value, int) and value > slack:
+            return value - slack
+    return None
 
 
 def _first(labels: list[str]) -> str | None:
@@ -90,6 +105,7 @@ class StatusContractOracle:
         checked = 0
         not_judged: Counter[str] = Counter()
         context = ctx.limits.get("context_length")
+        input_limit = _input_limit(ctx.limits)
         for record in ctx.requests:
             judged = False
             failed_over_length = False
@@ -100,6 +116,9 @@ class StatusContractOracle:
                     failed_over_length = result == "fail"
                 elif result:
                     not_judged[result] += 1
+            elif input_limit is not None and record.prompt_tokens is not None and record.prompt_tokens > input_limit:
+                judged = True
+                failed_over_length = self._served_over_the_limit(record, input_limit, out)
             if not failed_over_length and self._short_length(record, context, out):
                 judged = True
             checked += judged
@@ -143,6 +162,21 @@ class StatusContractOracle:
                 prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
                 anomaly=anomaly[:300], text_excerpt=record.response_text[:120])
         return "fail"
+
+    def _served_over_the_limit(self, record: RequestRecord, limit: int, out: _Collector) -> bool:
+        """Any other request whose prompt the target itself counted over the deployment's input
+        limit must not be served either (SGLang 0.5.19 answered load prompts over prefill's limit
+        200 `length` from a one-token stub, docs/sglang-cpu-tier.md). True when it FAILed."""
+        if record.status != 200 or (record.finish_reason == "abort" and not record.completion_tokens
+                                    and not record.response_text):
+            return False  # refused (any status: a 5xx here is the errors' business), or aborted unserved
+        out.add("over_length_accepted", Verdict.FAIL, record,
+                f"{record.user_kind} prompt {record.id} of {record.prompt_tokens} token(s), over the deployment's "
+                f"input limit of {limit}, was answered 200 (finish {record.finish_reason}, "
+                f"{record.completion_tokens} token(s)) instead of a 4xx",
+                prompt_tokens=record.prompt_tokens, input_limit=limit, completion_tokens=record.completion_tokens,
+                text_excerpt=record.response_text[:120])
+        return True
 
     def _short_length(self, record: RequestRecord, context: int | None, out: _Collector) -> bool:
         """Judge 'a 200 `length` carries max_tokens tokens, or fills the context'; True when the
