@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chaos.process import free_port, launch, wait_http_ok
+from chaos.process import free_port, launch, pid_alive, wait_http_ok
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.sim.stack import SimStack, SimStackConfig
+from chaos.targets.state import stop_from_state
 from chaos.targets.sim.worker import command_for
 from tests.conftest import another_runs_server, running, start_stack, wait_until
 
@@ -350,9 +351,6 @@ def test_a_proxy_that_lost_its_port_makes_the_stack_start_again(tmp_path: Path, 
 def test_a_driver_lost_while_a_worker_restarts_leaves_its_new_pid_for_heal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A restart (memory_fraction, engine_failure) records the new worker as soon as it is
     launched: a driver killed before the worker is ready must not leave it unknown to heal."""
-    from chaos.process import pid_alive
-    from chaos.targets.state import stop_from_state
-
     stack = SimStack(SimStackConfig(proxied_links=False), tmp_path)
     with running(stack):
         old_pgid = stack.procs["decode"].pgid
