@@ -31,6 +31,7 @@ from chaos.windows import windows_from_events
 from faults.base import FaultContext
 from faults.registry import build_fault
 from tests.conftest import running
+from tests.sglang_race import RaceWatch
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-sglang"
@@ -51,17 +52,41 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangStack]:
 
 
 @pytest.fixture(scope="module")
-def run(pair: SGLangStack, tmp_path_factory: pytest.TempPathFactory) -> RunOutcome:
-    """campaigns/sglang-cpu.yaml on the module's pair (its target section describes this very pair)."""
+def race(pair: SGLangStack) -> RaceWatch:
+    return RaceWatch(pair)
+
+
+@pytest.fixture(autouse=True)
+def _serving(request: pytest.FixtureRequest) -> None:
+    """Each test starts on a pair whose prefill still transfers (a test that takes no pair starts none)."""
+    if "pair" in request.fixturenames:
+        request.getfixturevalue("race").revive()
+
+
+def _run_campaign(pair: SGLangStack, out: Path) -> RunOutcome:
     campaign = load_campaign(CAMPAIGN)
     assert campaign.target.sglang == pair.spec
     patch = pytest.MonkeyPatch()
     patch.setattr("chaos.runner.build_stack", lambda *_args, **_kwargs: pair)
     patch.setattr(pair, "down", lambda: None)  # the module's pair outlives the run
     try:
-        return Runner(campaign, tmp_path_factory.mktemp("sglang-cpu-run"), progress=False).run()
+        return Runner(campaign, out, progress=False).run()
     finally:
         patch.undo()
+
+
+@pytest.fixture(scope="module")
+def run(pair: SGLangStack, race: RaceWatch, tmp_path_factory: pytest.TempPathFactory) -> RunOutcome:
+    """campaigns/sglang-cpu.yaml on the module's pair (its target section describes this very pair).
+
+    If SGLang's transfer thread dies during the run, the run judged a wedged engine: it must not
+    PASS. The campaign then runs once more on a revived prefill, and that run is the one judged."""
+    race.revive()
+    outcome = _run_campaign(pair, tmp_path_factory.mktemp("sglang-cpu-run"))
+    if race.revive():
+        assert outcome.verdict is not Verdict.PASS, "the engine's transfer thread died during the run, yet it PASSed"
+        outcome = _run_campaign(pair, tmp_path_factory.mktemp("sglang-cpu-rerun"))
+    return outcome
 
 
 def _pdchaos(*args: str) -> subprocess.CompletedProcess[str]:
