@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 
 OUTCOME_CODES = {"ok": 0, "fail": 1, "info": 2}
-_QUERY = ("SELECT t_send, t_first_token, t_end, outcome, status, phase, user_kind, error_class, token_times "
+# A 4xx's error detail says why the server refused (reports/outcomes.py reads it); other rows' are not read.
+_QUERY = ("SELECT t_send, t_first_token, t_end, outcome, status, phase, user_kind, error_class, token_times, "
+          "CASE WHEN status BETWEEN 400 AND 499 THEN substr(error_detail, 1, 500) END "
           "FROM requests ORDER BY rowid")
 
 
@@ -38,6 +40,7 @@ class RequestColumns:
     error_class: list[str | None] = field(default_factory=list)
     token_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     token_times: np.ndarray = field(default_factory=_empty_floats)  # all requests' token times, concatenated
+    refusal: list[str | None] = field(default_factory=list)  # a 4xx's error detail; None otherwise (may be empty)
 
     def __len__(self) -> int:
         return int(self.t_send.size)
@@ -71,7 +74,7 @@ def _concatenate(parts: list[RequestColumns]) -> RequestColumns:
 
 
 def _parse(rows: list[tuple], shared: dict[str, str]) -> RequestColumns:
-    t_send, first, end, outcome, status, phase, kind, error, tokens = zip(*rows)
+    t_send, first, end, outcome, status, phase, kind, error, tokens, refusal = zip(*rows)
     # Token times are JSON lists of floats: strip the brackets, join, and parse once, in C.
     counts = np.fromiter((0 if t == "[]" else t.count(",") + 1 for t in tokens), dtype=np.int64, count=len(rows))
     joined = ",".join(t[1:-1] for t in tokens if t != "[]")
@@ -83,7 +86,7 @@ def _parse(rows: list[tuple], shared: dict[str, str]) -> RequestColumns:
         outcome=np.fromiter((OUTCOME_CODES.get(o, 2) for o in outcome), dtype=np.int8, count=len(rows)),
         status=np.fromiter((-1 if v is None else v for v in status), dtype=np.int16, count=len(rows)),
         phase=_shared(phase, shared), user_kind=_shared(kind, shared), error_class=_shared(error, shared),
-        token_counts=counts, token_times=flat,
+        token_counts=counts, token_times=flat, refusal=list(refusal),
     )
 
 

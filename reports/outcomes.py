@@ -11,7 +11,10 @@ the PASS look wrong, or teach the reader to skip the column. So every request fa
 * as intended: the ending its sender asked for. An over-length prompt (the `over_length` user,
   the over-length burst) refused with a 4xx about the prompt (not a 404 for a missing route or a
   401: chaos/http_status.py); an aborting client's request (the `aborting` user, `client_abort`'s
-  own requests) ended as an abort or a disconnect; a request the load stopped at its end.
+  own requests) ended as an abort or a disconnect; a request the load stopped at its end. And
+  any user's prompt the server refused with a 4xx whose message states the prompt's size at or
+  over a limit it names: the server measured it and found it too long (a `prefix_sharing` prompt
+  over the input limit of a prefill whose pool was shrunk).
 * under a fault: any other ending, of a request in flight while a fault window was open or within
   `AFTERSHOCK_S` after its heal (sent before the window closed, ended after it opened: the
   exposure the oracles use, chaos/windows.py).
@@ -24,6 +27,7 @@ reports/traffic.py.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,15 +66,43 @@ class OutcomeClasses:
                 "unavailable_attempts": self.unavailable_attempts}
 
 
-def as_intended(user_kind: str, status: int, error_class: str | None) -> bool:
-    """Whether a request that did not succeed ended the way its sender meant it to."""
+# Refusals that state the prompt's size and the limit it broke, as (pattern, group of the prompt's
+# size, group of the limit). SGLang's scheduler and tokenizer: "Input length (1021 tokens) exceeds
+# the maximum allowed length (1018 tokens)", "The input (2049 tokens) is longer than the model's
+# context length (2048 tokens)". vLLM's input processor and renderer: "The decoder prompt (length
+# 2100) is longer than the maximum model length of 2048", "maximum context length is 2048 tokens.
+# However, your prompt contains 2100 input tokens" (or "... 9000 characters (more than 8192
+# characters"), and its older "However, you requested 2100 tokens".
+_OVER_A_LIMIT = (
+    (re.compile(r"[Ii]nput(?: length)? \((\d+) tokens\) (?:exceeds|is longer than)[^()]*\((\d+) tokens\)"), 1, 2),
+    (re.compile(r"prompt \(length (\d+)\) is longer than the maximum model length of (\d+)"), 1, 2),
+    (re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains (?:at least )?(\d+) input tokens"), 2, 1),
+    (re.compile(r"your prompt contains (\d+) characters \(more than (\d+) characters"), 1, 2),
+    (re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) tokens"), 2, 1),
+)
+
+
+def states_the_prompt_over_a_limit(message: str | None) -> bool:
+    """Whether a refusal says the server measured the prompt at or over a limit it names."""
+    if not message:
+        return False
+    for pattern, size, limit in _OVER_A_LIMIT:
+        match = pattern.search(message)
+        if match and int(match.group(size)) >= int(match.group(limit)):
+            return True
+    return False
+
+
+def as_intended(user_kind: str, status: int, error_class: str | None, refusal: str | None = None) -> bool:
+    """Whether a request that did not succeed ended the way its sender meant it to, or the way a
+    correct server must end it (a prompt it measured over its limit, refused)."""
     if error_class in SUITE_ENDINGS:
         return True
     if user_kind in OVER_LENGTH_KINDS:
         return rejects_the_prompt(status)  # a 404 or 401 never looked at the prompt
     if user_kind in ABORTING_KINDS:
         return error_class in ABORT_ENDINGS
-    return False
+    return rejects_the_prompt(status) and states_the_prompt_over_a_limit(refusal)
 
 
 def classify(cols: RequestColumns, spans: Sequence[Span], aftershock_s: float = AFTERSHOCK_S) -> OutcomeClasses:
@@ -81,7 +113,8 @@ def classify(cols: RequestColumns, spans: Sequence[Span], aftershock_s: float = 
     ok = cols.outcome == OUTCOME_CODES["ok"]
     intended = np.zeros(n, dtype=bool)
     for i in np.flatnonzero(~ok):  # only what did not succeed needs a reason: the fewer rows
-        intended[i] = as_intended(cols.user_kind[i], int(cols.status[i]), cols.error_class[i])
+        refusal = cols.refusal[i] if cols.refusal else None
+        intended[i] = as_intended(cols.user_kind[i], int(cols.status[i]), cols.error_class[i], refusal)
     exposed = np.zeros(n, dtype=bool)
     sent = ~np.isnan(cols.t_send)
     last = np.where(np.isnan(cols.t_end), cols.t_send, cols.t_end)  # no end recorded: as long as we know

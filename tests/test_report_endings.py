@@ -4,12 +4,13 @@ by the requests that must land in it, and the classes in every rendering of a re
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from reports.columns import OUTCOME_CODES, RequestColumns
+from reports.columns import OUTCOME_CODES, RequestColumns, read_columns
 from reports.outcomes import classify
 from reports.render import render_all
 from reports.traffic import Span
@@ -38,6 +39,31 @@ CASES = [
     (("load", "canary_chat", "fail", -1, "read_timeout", 20.0), "unexplained"),
     (("baseline", "probe", "fail", 500, "http_500", 10.0), None),  # the baseline is not traffic
 ]
+
+
+# A load prompt of any user that the server refused because it measured the prompt over its limit
+# is the refusal a correct server gives: as intended. The message must state both numbers, in order.
+SGLANG_OVER = 'HTTP 400: Prefill server error (400 Bad Request): {"error":{"message":"Input length (1021 tokens) exceeds the maximum allowed length (1018 tokens). Use a shorter input'
+REFUSALS = [
+    (SGLANG_OVER, "as_intended"),  # real SGLang 0.5.23, a prefix_sharing prompt over a shrunken prefill's limit
+    ("HTTP 400: The input (2049 tokens) is longer than the model's context length (2048 tokens).", "as_intended"),
+    ("HTTP 400: The decoder prompt (length 2100) is longer than the maximum model length of 2048. Make sure", "as_intended"),
+    ("HTTP 400: This model's maximum context length is 2048 tokens. However, your prompt contains 2100 input tokens, which", "as_intended"),
+    ("HTTP 400: This model's maximum context length is 2048 tokens. However, your prompt contains 9000 characters (more than 8192 characters", "as_intended"),
+    ("HTTP 400: This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2092 in", "as_intended"),
+    ("HTTP 400: Input length (900 tokens) exceeds the maximum allowed length (1018 tokens).", "unexplained"),  # not over: a false refusal
+    ("HTTP 400: invalid sampling parameters", "unexplained"),  # about something else
+    (None, "unexplained"),
+]
+
+
+@pytest.mark.parametrize(("refusal", "expected"), REFUSALS, ids=[f"refusal-{i}" for i in range(len(REFUSALS))])
+def test_a_prompt_the_server_measured_over_its_limit_is_refused_as_intended(refusal: str | None, expected: str) -> None:
+    cols = columns([("load", "prefix_sharing", "fail", 400, "http_400", 50.0)])
+    cols.refusal = [refusal]
+    assert classify(cols, [WINDOW]).to_json()[expected] == 1
+    cols.status = np.array([404], dtype=np.int16)  # a missing route never measured the prompt, whatever it says
+    assert classify(cols, [WINDOW]).unexplained == 1
 
 
 def columns(rows: list[tuple]) -> RequestColumns:
@@ -80,3 +106,28 @@ def test_the_endings_are_in_every_rendering_of_a_run(tmp_path: Path) -> None:
     headline = next(line for line in summary.splitlines() if line.startswith("**Leaks:**"))
     assert "fail" not in headline and "ok " not in headline, headline
     assert "<h3>Endings</h3>" in (run / "report.html").read_text()
+
+
+
+def test_a_4xx_refusal_is_read_from_the_journal_and_nothing_else_is(tmp_path: Path) -> None:
+    run = write_pass_run(tmp_path / "run")
+    render_all(run)
+    was = json.loads((run / "report.json").read_text())["requests"]["endings"]
+    conn = sqlite3.connect(run / "journal.sqlite")
+    try:
+        refused = conn.execute("SELECT rowid FROM requests WHERE phase = 'load' AND outcome = 'ok' LIMIT 1").fetchone()[0]
+        conn.execute("UPDATE requests SET status = 400, outcome = 'fail', error_class = 'http_400', error_detail = ?, "
+                     "user_kind = 'prefix_sharing' WHERE rowid = ?", (SGLANG_OVER, refused))
+        conn.commit()
+        details = conn.execute("SELECT error_detail FROM requests ORDER BY rowid").fetchall()
+    finally:
+        conn.close()
+    assert sum(1 for (d,) in details if d) > 1  # the 5xx and disconnects carry details too: they are not read
+    cols = read_columns(run / "journal.sqlite")
+    assert len(cols.refusal) == len(cols)
+    assert [r for r in cols.refusal if r is not None] == [SGLANG_OVER]
+    before = classify(columns([("load", "prefix_sharing", "fail", 400, "http_400", 50.0)]), [])
+    assert before.unexplained == 1  # without the detail, the same refusal would be unexplained
+    render_all(run)
+    endings = json.loads((run / "report.json").read_text())["requests"]["endings"]
+    assert (endings["answered"], endings["as_intended"]) == (was["answered"] - 1, was["as_intended"] + 1), (was, endings)
