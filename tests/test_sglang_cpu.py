@@ -36,6 +36,7 @@ from tests.sglang_race import RaceWatch
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-sglang"
 CAMPAIGN = REPO / "campaigns" / "sglang-cpu.yaml"
+ROUTER_500 = REPO / "campaigns" / "sglang-cpu-router-500.yaml"  # the findings campaign, same target
 ENV = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 pytestmark = pytest.mark.real_engine
@@ -63,8 +64,8 @@ def _serving(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("race").revive()
 
 
-def _run_campaign(pair: SGLangStack, out: Path) -> RunOutcome:
-    campaign = load_campaign(CAMPAIGN)
+def _run_campaign(pair: SGLangStack, out: Path, path: Path = CAMPAIGN) -> RunOutcome:
+    campaign = load_campaign(path)
     assert campaign.target.sglang == pair.spec
     patch = pytest.MonkeyPatch()
     patch.setattr("chaos.runner.build_stack", lambda *_args, **_kwargs: pair)
@@ -81,11 +82,15 @@ def run(pair: SGLangStack, race: RaceWatch, tmp_path_factory: pytest.TempPathFac
 
     If SGLang's transfer thread dies during the run, the run judged a wedged engine: it must not
     PASS. The campaign then runs once more on a revived prefill, and that run is the one judged."""
+    return _judged_run(pair, race, tmp_path_factory, CAMPAIGN)
+
+
+def _judged_run(pair: SGLangStack, race: RaceWatch, tmp_path_factory: pytest.TempPathFactory, path: Path) -> RunOutcome:
     race.revive()
-    outcome = _run_campaign(pair, tmp_path_factory.mktemp("sglang-cpu-run"))
+    outcome = _run_campaign(pair, tmp_path_factory.mktemp(path.stem), path)
     if race.revive():
         assert outcome.verdict is not Verdict.PASS, "the engine's transfer thread died during the run, yet it PASSed"
-        outcome = _run_campaign(pair, tmp_path_factory.mktemp("sglang-cpu-rerun"))
+        outcome = _run_campaign(pair, tmp_path_factory.mktemp(f"{path.stem}-again"), path)
     return outcome
 
 
@@ -156,33 +161,29 @@ def _band_request(router: str, tokens: int, timeout_s: float) -> tuple[int | Non
 
 
 @pytest.mark.timeout(1200)
-def test_memory_fraction_restart_to_the_incident_pools(pair: SGLangStack, run: RunOutcome, tmp_path: Path) -> None:
-    """Prefill restarted with a 1,024-token pool under decode's 8,192 (context 2,048): the
-    incident's configuration. A prompt between the two limits is rejected by prefill's scheduler
-    (max_req_input_len 1,018) and never handed off (SGLang 0.5.23 retires it at intake, PR
-    #38935), while decode, which admitted it, waits for KV that never comes: the client gets a
-    5xx only after decode's waiting timeout. The heal restores the pool."""
-    fault = build_fault("memory_fraction", {"role": "prefill", "max_total_tokens": 1024}, "incident")
-    ctx = FaultContext(target=pair, journal=Journal.create(tmp_path), window_id="incident")
-    plan = fault.undo_plan(ctx)
-    try:
-        fault.inject(ctx)
-        confirmation = fault.confirm(ctx)
-        assert confirmation.confirmed, confirmation.evidence
-        assert "pool_tokens: 8192 -> 1024" in confirmation.evidence, confirmation.evidence
-        waiting = pair.spec.waiting_timeout_s or 300
-        status, took, text = _band_request(pair.router_url, 1500, timeout_s=waiting + 60)
-        assert status is not None and status >= 500, (status, text)
-        assert took >= waiting - 2, f"answered in {took:.1f} s, before decode's {waiting} s waiting timeout: {text}"
-        prefill_log = pair.logs("prefill")
-        assert "1500 tokens" in prefill_log or "1500 >" in prefill_log, prefill_log[-2000:]
-        # A prompt under both limits is still served through the restarted prefill.
-        ok, _, text = _band_request(pair.router_url, 500, timeout_s=120)
-        assert ok == 200, text
-    finally:
-        fault.heal(ctx, plan)
-    assert fault.audit(ctx, plan) == []
-    assert SGLANG.limits(pair.worker_url("prefill")).pool_tokens == 8192
+def test_the_router_500_findings_campaign_fails_for_its_reason(pair: SGLangStack, race: RaceWatch, run: RunOutcome,
+                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    """campaigns/sglang-cpu-router-500.yaml on the module's pair: a memory_fraction window restarts
+    prefill with a 1,024-token pool under decode's 8,192 (context 2,048), the incident's
+    configuration, and its band provocation sends prompts between the two limits. SGLang 0.5.23's
+    prefill rejects each at intake (max_req_input_len 1,018) and never hands it off (PR #38935),
+    while decode, which admitted it, waits for KV that never comes: sglang-router 0.3.2 returns
+    decode's 500 after decode's waiting timeout. The run FAILs for that alone (status,
+    over_length_5xx), and the heal restores the pool."""
+    outcome = _judged_run(pair, race, tmp_path_factory, ROUTER_500)
+    failing = {r.name: r for r in outcome.oracles if r.verdict is Verdict.FAIL}
+    assert outcome.verdict is Verdict.FAIL and set(failing) == {"status"}, outcome.reasons
+    rules = {f.evidence.get("rule") for f in failing["status"].findings}
+    assert rules == {"over_length_5xx"}, rules
+    journal = Journal.open(outcome.run_dir)
+    (window,) = windows_from_events(journal.iter_events(kind="fault"))
+    assert window.confirmed and "pool_tokens: 8192 -> 1024" in window.confirm_evidence, window.confirm_evidence
+    waiting = pair.spec.waiting_timeout_s or 300
+    failed = {f.request_id for f in failing["status"].findings}
+    took = [r.t_end - r.t_send for r in journal.iter_requests() if r.id in failed and r.t_end and r.t_send]
+    assert took and min(took) >= waiting - 2, f"a 500 came before decode's {waiting} s waiting timeout: {took}"
+    assert "exceeds the maximum allowed length (1018 tokens)" in pair.logs("prefill")
+    assert SGLANG.limits(pair.worker_url("prefill")).pool_tokens == 8192  # healed
 
 
 @pytest.mark.timeout(900)
