@@ -14,6 +14,8 @@ from typing import Protocol, TypeVar
 import httpx
 import pytest
 
+from chaos.campaign import Campaign
+from chaos.runner import Runner, RunOutcome
 from chaos.targets.sim.stack import SimStack, SimStackConfig
 
 # Ray and the router must stay on loopback (see chaos/cluster.py).
@@ -52,6 +54,18 @@ def running(stack: S) -> Iterator[S]:
         yield stack
     finally:
         stack.down()
+
+
+def run_on(stack: object, campaign: Campaign, run_dir: Path) -> RunOutcome:
+    """A campaign run on a stack a test module started (the campaign's target section must
+    describe it): the runner is handed that stack instead of building one, and leaves it up."""
+    patch = pytest.MonkeyPatch()
+    patch.setattr("chaos.runner.build_stack", lambda *_args, **_kwargs: stack)
+    patch.setattr(stack, "down", lambda: None)  # the module's stack outlives the run
+    try:
+        return Runner(campaign, run_dir, progress=False).run()
+    finally:
+        patch.undo()
 
 
 def start_stack(tmp_path: Path, config: SimStackConfig | None = None) -> SimStack:

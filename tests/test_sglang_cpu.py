@@ -23,14 +23,14 @@ import pytest
 
 from chaos.campaign import load_campaign
 from chaos.journal import Journal
-from chaos.runner import Runner, RunOutcome
+from chaos.runner import RunOutcome
 from chaos.targets.dialect import SGLANG
 from chaos.targets.sglang.stack import SGLangStack
 from chaos.verdict import Verdict
 from chaos.windows import windows_from_events
 from faults.base import FaultContext
 from faults.registry import build_fault
-from tests.conftest import running
+from tests.conftest import run_on, running
 from tests.sglang_race import RaceWatch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,14 +66,8 @@ def _serving(request: pytest.FixtureRequest) -> None:
 
 def _run_campaign(pair: SGLangStack, out: Path, path: Path = CAMPAIGN) -> RunOutcome:
     campaign = load_campaign(path)
-    assert campaign.target.sglang == pair.spec
-    patch = pytest.MonkeyPatch()
-    patch.setattr("chaos.runner.build_stack", lambda *_args, **_kwargs: pair)
-    patch.setattr(pair, "down", lambda: None)  # the module's pair outlives the run
-    try:
-        return Runner(campaign, out, progress=False).run()
-    finally:
-        patch.undo()
+    assert campaign.target.sglang == pair.spec  # its target section describes this very pair
+    return run_on(pair, campaign, out)
 
 
 @pytest.fixture(scope="module")

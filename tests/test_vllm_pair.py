@@ -26,13 +26,13 @@ import pytest
 from chaos.campaign import load_campaign
 from chaos.errors import TargetError
 from chaos.journal import Journal
-from chaos.runner import Runner, RunOutcome
+from chaos.runner import RunOutcome
 from chaos.targets.vllm.dialect import VllmDialect
 from chaos.targets.vllm.spec import VllmSpec
 from chaos.targets.vllm.stack import VllmStack
 from chaos.verdict import Verdict
 from chaos.windows import windows_from_events
-from tests.conftest import running
+from tests.conftest import run_on, running
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-vllm"
@@ -53,13 +53,7 @@ def _run_on(pair: VllmStack, path: Path, run_dir: Path) -> RunOutcome:
     """A shipped campaign on the module's pair (its target section describes this very pair)."""
     campaign = load_campaign(path)
     assert campaign.target.vllm == pair.spec
-    patch = pytest.MonkeyPatch()
-    patch.setattr("chaos.runner.build_stack", lambda *_args, **_kwargs: pair)
-    patch.setattr(pair, "down", lambda: None)  # the module's pair outlives each run
-    try:
-        return Runner(campaign, run_dir, progress=False).run()
-    finally:
-        patch.undo()
+    return run_on(pair, campaign, run_dir)
 
 
 @pytest.fixture(scope="module")
