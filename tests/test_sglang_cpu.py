@@ -3,9 +3,12 @@
 One pair serves the whole module, launched through the same code that launches SGLang on GPUs
 (`target.sglang` with `device: cpu`, from campaigns/sglang-cpu.yaml): preflight reads the real
 startup line, `pdchaos canary` runs against its router, the campaign runs on the pair (the runner
-is handed the started stack), and last a memory_fraction restart of prefill to the incident's
-pool (docs/sglang-cpu-tier.md) shows what SGLang 0.5.23 does with a prompt between prefill's and
-decode's limits, and an engine_failure restart of decode is confirmed from its failed-transfer counter. `make sglang-env` installs the venv; without it every test here is skipped.
+is handed the started stack), then the findings campaign campaigns/sglang-cpu-router-500.yaml
+shrinks prefill's pool to the incident's and FAILs for what sglang-router 0.3.2 does with a prompt
+between the two limits (docs/sglang-cpu-tier.md), and an engine_failure restart of decode is
+confirmed from its failed-transfer counter. SGLang's own transfer-thread race is told apart from
+the suite's verdicts (tests/sglang_race.py). `make sglang-env` installs the venv; without it every
+test here is skipped.
 """
 
 from __future__ import annotations
