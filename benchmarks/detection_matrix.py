@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -77,9 +78,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -710,6 +713,30 @@ def _complete(run_dir: Path) -> bool:
         return False
 
 
+# The `pdchaos run` children in flight: each runs in its own session (a Ctrl-C at the terminal
+# does not reach it), so an interrupt of the matrix passes SIGINT on to every one, and each heals
+# and reports before it exits.
+_IN_FLIGHT: set[subprocess.Popen[bytes]] = set()
+_IN_FLIGHT_LOCK = threading.Lock()
+INTERRUPTED = threading.Event()  # set: what ends now was cut short, and is not recorded
+
+
+def interrupt_in_flight(wait_s: float = 120.0) -> None:
+    INTERRUPTED.set()
+    with _IN_FLIGHT_LOCK:
+        procs = list(_IN_FLIGHT)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def execute(item: Planned, out: Path, timeout_s: float, digest: str | None = None, commit: str | None = None) -> int | None:
     """One `pdchaos run`; its output goes next to the run directory, with a small sidecar that
     carries the exit code, the wall time, the machine's load and the sources' digest before and
@@ -737,6 +764,8 @@ def execute(item: Planned, out: Path, timeout_s: float, digest: str | None = Non
     log = run_dir.with_name(run_dir.name + ".log")
     with open(log, "w") as fh:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.add(proc)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -747,9 +776,11 @@ def execute(item: Planned, out: Path, timeout_s: float, digest: str | None = Non
                 os.killpg(proc.pid, signal.SIGKILL)
                 rc = proc.wait()
         except KeyboardInterrupt:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=120)
+            interrupt_in_flight()
             raise
+        finally:
+            with _IN_FLIGHT_LOCK:
+                _IN_FLIGHT.discard(proc)
     wall = time.monotonic() - started
     loadavg_end = [round(x, 2) for x in os.getloadavg()]
     after = source_digest()
@@ -986,6 +1017,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="diagnostic: the runs and records of this digest instead of the current sources'; "
                         "the doc is headed as such when it is not the current one")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run before it is interrupted")
+    p.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="runs at a time, taken in plan order (default 1; 2 on two cores: the doc states the load)")
     p.add_argument("--dry-run", action="store_true", help="print the runs it would make and stop")
     p.add_argument("--digest", action="store_true", help="print the current sources' digest and stop")
     p.add_argument("--self-test", action="store_true", help="check the summary on synthetic journals; runs nothing")
@@ -1068,17 +1101,35 @@ def run_matrix(args: argparse.Namespace, stems: dict[str, str]) -> tuple[list[Ru
         return 0
     out.mkdir(parents=True, exist_ok=True)
     commit = current_commit()
-    runs: list[RunSummary] = []
-    try:
-        for item in planned:
-            run = matrix_run(item, out, args, stems, commit)
-            if run is not None:
-                runs.append(run)
-    except KeyboardInterrupt:
-        print("[matrix] interrupted: summarising the runs made so far", flush=True)
+    runs = run_in_order(planned, lambda item: matrix_run(item, out, args, stems, commit), args.parallel)
     if args.records:
         return [run for _, run in read_records([args.records])], [str(args.records)]
     return runs, [str(out)]
+
+
+def run_in_order(planned: list[Planned], work: Callable[[Planned], RunSummary | None], parallel: int = 1) -> list[RunSummary]:
+    """The planned runs, `parallel` at a time, each started when one ends, in plan order
+    (seed-major: a matrix cut short still covers every defect); their summaries in plan order.
+    A Ctrl-C starts nothing more, interrupts the runs in flight (each heals and reports; none is
+    recorded) and returns what had finished."""
+    width = max(1, parallel)
+    queue = iter(enumerate(planned))
+    in_flight: dict[Future[RunSummary | None], int] = {}
+    finished: dict[int, RunSummary | None] = {}
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="matrix") as pool:
+        try:
+            while True:
+                for index, item in itertools.islice(queue, width - len(in_flight)):
+                    in_flight[pool.submit(work, item)] = index
+                if not in_flight:
+                    break
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    finished[in_flight.pop(future)] = future.result()
+        except KeyboardInterrupt:
+            print("[matrix] interrupted: summarising the runs made so far", flush=True)
+            interrupt_in_flight()
+    return [run for _, run in sorted(finished.items()) if run is not None]
 
 
 def summarize_dirs(run_dirs: list[Path], stems: dict[str, str]) -> list[RunSummary]:
@@ -1106,9 +1157,11 @@ def matrix_run(item: Planned, out: Path, args: argparse.Namespace, stems: dict[s
                 print(f"[matrix] {item.key} seed {item.seed} ({item.column}): recorded for these sources, reused "
                       f"({_relative(str(existing))})", flush=True)
                 return recorded
+    if INTERRUPTED.is_set():
+        return None
     execute(item, out, args.timeout, digest, commit)
     run_dir = item.run_dir(out)
-    if not (run_dir / JOURNAL_FILENAME).is_file():
+    if INTERRUPTED.is_set() or not (run_dir / JOURNAL_FILENAME).is_file():
         return None
     [run] = summarize_dirs([run_dir], stems) or [None]
     if run is None:

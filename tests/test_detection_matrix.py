@@ -82,3 +82,51 @@ def test_the_twin_has_the_windows_of_sglang_launch_in_its_order() -> None:
     launch, twin = windows(ROOT / "campaigns" / "sglang-launch.yaml"), windows(dm.TWIN_CAMPAIGN)
     assert twin == launch, f"{dm.TWIN_CAMPAIGN.relative_to(ROOT)} is out of step with campaigns/sglang-launch.yaml: {twin} != {launch}"
     assert yaml.safe_load(dm.TWIN_CAMPAIGN.read_text())["target"]["kind"] == "sim"
+
+
+def _planned(n: int) -> list[dm.Planned]:
+    return [dm.Planned("default", "clean-default", "default", dm.DEFAULT_CAMPAIGN, None, seed) for seed in range(1, n + 1)]
+
+
+def _summary(seed: int) -> dm.RunSummary:
+    return dm.RunSummary(path=f"seed-{seed}", campaign="default", defects=[], seed=seed, verdict="PASS", exit_code=0,
+                         load_started_at=None)
+
+
+def test_runs_go_n_at_a_time_in_plan_order() -> None:
+    import threading
+    import time
+
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def work(item: dm.Planned) -> dm.RunSummary:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05 * (6 - item.seed))  # the early runs take longest: they finish last
+        with lock:
+            running[0] -= 1
+        return _summary(item.seed)
+
+    runs = dm.run_in_order(_planned(5), work, parallel=2)
+    assert [r.seed for r in runs] == [1, 2, 3, 4, 5]
+    assert most[0] == 2
+
+
+def test_an_interrupt_starts_nothing_more_and_records_nothing_cut_short() -> None:
+    started: list[int] = []
+
+    def work(item: dm.Planned) -> dm.RunSummary:
+        started.append(item.seed)
+        if item.seed == 2:
+            raise KeyboardInterrupt  # as if Ctrl-C reached the matrix while run 2 was in flight
+        return _summary(item.seed)
+
+    dm.INTERRUPTED.clear()
+    try:
+        runs = dm.run_in_order(_planned(6), work, parallel=1)
+        assert [r.seed for r in runs] == [1]  # what finished before the interrupt
+        assert started == [1, 2]  # nothing started after it
+        assert dm.INTERRUPTED.is_set()  # matrix_run neither starts nor records a run from now on
+    finally:
+        dm.INTERRUPTED.clear()
