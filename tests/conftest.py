@@ -58,7 +58,9 @@ def running(stack: S) -> Iterator[S]:
 
 def run_on(stack: object, campaign: Campaign, run_dir: Path) -> RunOutcome:
     """A campaign run on a stack a test module started (the campaign's target section must
-    describe it): the runner is handed that stack instead of building one, and leaves it up."""
+    describe it): the runner is handed that stack instead of building one, and leaves it up. The
+    runner calls its `up()`, which must return a stack already up as it is: the SGLang and vLLM
+    stacks do; the sim's would start a second set of processes."""
     patch = pytest.MonkeyPatch()
     patch.setattr("chaos.runner.build_stack", lambda *_args, **_kwargs: stack)
     patch.setattr(stack, "down", lambda: None)  # the module's stack outlives the run
