@@ -775,9 +775,6 @@ def execute(item: Planned, out: Path, timeout_s: float, digest: str | None = Non
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 rc = proc.wait()
-        except KeyboardInterrupt:
-            interrupt_in_flight()
-            raise
         finally:
             with _IN_FLIGHT_LOCK:
                 _IN_FLIGHT.discard(proc)
