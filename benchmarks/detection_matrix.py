@@ -65,6 +65,7 @@ runs made by hand count only with `--any-source`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -123,11 +124,14 @@ DIGEST_LINE = re.compile(r"^- source digest: `([0-9a-f]+)`")
 
 # defect -> (campaign in campaigns/defects/, oracles of which at least one must FAIL): the
 # defect registry says both, as tests/test_defects.py reads them too.
-EXPECTED: dict[str, tuple[str, frozenset[str]]] = {d.name: (d.campaign, frozenset(d.caught_by)) for d in DEFECTS.values()}
+EXPECTED: dict[str, tuple[str, frozenset[str]]] = {
+    d.name: (d.campaign, frozenset(d.caught_by)) for d in DEFECTS.values()
+}
 CLEAN = "(clean)"
 
 
 # ----------------------------------------------------------------------- the campaigns ----
+
 
 @dataclass(frozen=True)
 class CampaignFile:
@@ -138,7 +142,9 @@ class CampaignFile:
 
 def campaign_files() -> dict[str, CampaignFile]:
     """Campaign name (inside the YAML) -> the campaign file, for every column's campaigns."""
-    files = [(DEFAULT_CAMPAIGN, "default"), (TWIN_CAMPAIGN, "twin")] + [(p, "defects") for p in sorted(CAMPAIGNS.glob("*.yaml"))]
+    files = [(DEFAULT_CAMPAIGN, "default"), (TWIN_CAMPAIGN, "twin")] + [
+        (p, "defects") for p in sorted(CAMPAIGNS.glob("*.yaml"))
+    ]
     found = {}
     for path, column in files:
         try:
@@ -155,7 +161,7 @@ def campaign_stems() -> dict[str, str]:
     return {name: f.stem for name, f in campaign_files().items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _columns_by_stem() -> dict[str, str]:
     return {f.stem: f.column for f in campaign_files().values()}
 
@@ -170,6 +176,7 @@ def column_order(columns: Iterable[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------- reading one run ----
+
 
 @dataclass
 class OracleOutcome:
@@ -269,8 +276,15 @@ def read_windows(journal: Journal, load_started_at: float) -> list[dict[str, Any
     windows: dict[str, dict[str, Any]] = {}
     for event in journal.iter_events(kind="fault"):
         wid = str(event.data.get("window", event.name))
-        window = windows.setdefault(wid, {"label": f"{event.name}#{wid}", "start_s": round(event.t - load_started_at, 3),
-                                          "inject_s": None, "end_s": None})
+        window = windows.setdefault(
+            wid,
+            {
+                "label": f"{event.name}#{wid}",
+                "start_s": round(event.t - load_started_at, 3),
+                "inject_s": None,
+                "end_s": None,
+            },
+        )
         step = event.data.get("step")
         if step == "inject" and window["inject_s"] is None:
             window["inject_s"] = round(event.t - load_started_at, 3)
@@ -290,9 +304,15 @@ def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSumm
         sim = ((campaign.get("target") or {}).get("sim") or {}) if isinstance(campaign.get("target"), dict) else {}
         defects = [str(d) for d in sim.get("defects") or []]
         seed = meta.get("seed", campaign.get("seed"))
-        run = RunSummary(path=str(run_dir), campaign=stems.get(name, name), defects=defects,
-                         seed=int(seed) if isinstance(seed, int) else None, verdict=None, exit_code=None,
-                         load_started_at=_number(meta.get("load_started_at")))
+        run = RunSummary(
+            path=str(run_dir),
+            campaign=stems.get(name, name),
+            defects=defects,
+            seed=int(seed) if isinstance(seed, int) else None,
+            verdict=None,
+            exit_code=None,
+            load_started_at=_number(meta.get("load_started_at")),
+        )
         for event in journal.iter_events(kind="verdict", name="run"):
             run.verdict, run.exit_code = event.data.get("verdict"), event.data.get("exit_code")
         if run.verdict is None:
@@ -363,7 +383,12 @@ def source_files() -> list[Path]:
     keep = []
     for path in paths:
         rel = path.relative_to(REPO).as_posix()
-        if not path.is_file() or rel.startswith(SOURCE_EXCLUDED) or "__pycache__" in path.parts or path.suffix == ".pyc":
+        if (
+            not path.is_file()
+            or rel.startswith(SOURCE_EXCLUDED)
+            or "__pycache__" in path.parts
+            or path.suffix == ".pyc"
+        ):
             continue
         keep.append(path)
     return sorted(keep, key=lambda p: p.relative_to(REPO).as_posix())
@@ -379,7 +404,9 @@ def source_digest() -> str:
 
 def current_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None
@@ -421,8 +448,9 @@ def read_records(roots: Iterable[Path]) -> list[tuple[Path, RunSummary]]:
     return found
 
 
-def select(runs: Iterable[RunSummary], digest: str, *, any_source: bool = False,
-           records_digest: str | None = None) -> tuple[list[RunSummary], list[RunSummary]]:
+def select(
+    runs: Iterable[RunSummary], digest: str, *, any_source: bool = False, records_digest: str | None = None
+) -> tuple[list[RunSummary], list[RunSummary]]:
     """(kept, left out): the runs of the current sources; with `records_digest`, those of that
     digest instead; with `any_source`, all. A run of unknown sources is of no digest."""
     kept, left = [], []
@@ -433,6 +461,7 @@ def select(runs: Iterable[RunSummary], digest: str, *, any_source: bool = False,
 
 
 # ------------------------------------------------------------------------------ the matrix ----
+
 
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
@@ -454,9 +483,11 @@ def _column_defects(runs: list[RunSummary]) -> dict[str, Any]:
         defects[key] = {
             "campaigns": sorted({r.campaign for r in mine}),
             "intended": sorted(expected) if expected is not None else None,
-            "runs": len(mine), "detected": len(hits),
+            "runs": len(mine),
+            "detected": len(hits),
             "verdicts": dict(Counter(str(r.verdict) for r in mine)),
-            "caught_by": dict(caught_by), "other_failing": dict(others),
+            "caught_by": dict(caught_by),
+            "other_failing": dict(others),
             "median_window_s": _median([f.window_s for f in firsts if f.window_s is not None]),
             "median_first_s": _median([f.first_s for f in firsts if f.first_s is not None]),
             "window_s": [round(f.window_s, 2) for f in firsts if f.window_s is not None],
@@ -474,8 +505,10 @@ def _column_clean(runs: list[RunSummary]) -> dict[str, Any]:
         mine = [r for r in runs if r.key == CLEAN and r.campaign == campaign]
         fp = [r for r in mine if r.failing]
         clean[campaign] = {
-            "runs": len(mine), "verdicts": dict(Counter(str(r.verdict) for r in mine)),
-            "false_positives": len(fp), "failing_oracles": dict(Counter(n for r in fp for n in r.failing)),
+            "runs": len(mine),
+            "verdicts": dict(Counter(str(r.verdict) for r in mine)),
+            "false_positives": len(fp),
+            "failing_oracles": dict(Counter(n for r in fp for n in r.failing)),
             "inconclusive": len([r for r in mine if r.verdict == "INCONCLUSIVE"]),
             "seeds": sorted(r.seed for r in mine if r.seed is not None),
         }
@@ -485,9 +518,13 @@ def _column_clean(runs: list[RunSummary]) -> dict[str, Any]:
 def machine_load(runs: list[RunSummary]) -> dict[str, Any]:
     """The 1-minute load average at the start and end of each run: median and max."""
     readings = [v[0] for r in runs for v in (r.loadavg_start, r.loadavg_end) if v]
-    return {"readings": len(readings), "median": _median(readings), "max": max(readings) if readings else None,
-            "runs_without": len([r for r in runs if not (r.loadavg_start or r.loadavg_end)]),
-            "cpus": sorted({r.cpus for r in runs if r.cpus is not None})}
+    return {
+        "readings": len(readings),
+        "median": _median(readings),
+        "max": max(readings) if readings else None,
+        "runs_without": len([r for r in runs if not (r.loadavg_start or r.loadavg_end)]),
+        "cpus": sorted({r.cpus for r in runs if r.cpus is not None}),
+    }
 
 
 def aggregate(runs: list[RunSummary]) -> dict[str, Any]:
@@ -501,7 +538,9 @@ def aggregate(runs: list[RunSummary]) -> dict[str, Any]:
 def _counts(counter: dict[str, int], of: int | None = None) -> str:
     if not counter:
         return "–"
-    return ", ".join(f"{k} {v}" + (f"/{of}" if of else "") for k, v in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
+    return ", ".join(
+        f"{k} {v}" + (f"/{of}" if of else "") for k, v in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
 
 
 def _rate(d: dict[str, Any]) -> str:
@@ -512,8 +551,9 @@ def _digests(runs: list[RunSummary]) -> list[str | None]:
     return sorted({r.source_digest for r in runs}, key=str)
 
 
-def markdown(runs: list[RunSummary], matrix: dict[str, Any], *, command: str, sources: list[str],
-             digest: str | None = None) -> str:
+def markdown(
+    runs: list[RunSummary], matrix: dict[str, Any], *, command: str, sources: list[str], digest: str | None = None
+) -> str:
     """The document. `digest`: the current sources' digest; runs of any other (or of several)
     make the document a diagnostic, and its head says so."""
     digest = source_digest() if digest is None else digest
@@ -528,18 +568,25 @@ def markdown(runs: list[RunSummary], matrix: dict[str, Any], *, command: str, so
     if digests != [digest]:
         shown = ", ".join(f"`{d}`" if d else "not recorded" for d in digests)
         kind = "mixed" if len(digests) > 1 else "other" if digests[0] else "unknown"
-        lines += [f"> **Not the matrix: a diagnostic of {kind} sources.** These runs are of "
-                  f"source digest(s) {shown}; the current sources are `{digest}`. Records of other sources",
-                  "> prove nothing about these sources: re-run `benchmarks/detection_matrix.py` (see benchmarks/README.md).", ""]
+        lines += [
+            f"> **Not the matrix: a diagnostic of {kind} sources.** These runs are of "
+            f"source digest(s) {shown}; the current sources are `{digest}`. Records of other sources",
+            "> prove nothing about these sources: re-run `benchmarks/detection_matrix.py` (see benchmarks/README.md).",
+            "",
+        ]
     lines += [
         "Which defects of the embedded engine each column of campaigns catches, through which oracle, how often over",
         "seeds and how soon after the provoking fault window starts; and what the same campaigns say about the clean",
         "engine. Written by `benchmarks/detection_matrix.py` (see `benchmarks/README.md`); do not edit by hand.",
         "",
         f"- generated {now} by `{command}`",
-        (f"- source digest: `{digests[0]}`" if len(digests) == 1 and digests[0] else
-         "- source digest: not recorded" if len(digests) == 1 else
-         f"- source digest: mixed ({', '.join(str(d) if d else 'not recorded' for d in digests)})")
+        (
+            f"- source digest: `{digests[0]}`"
+            if len(digests) == 1 and digests[0]
+            else "- source digest: not recorded"
+            if len(digests) == 1
+            else f"- source digest: mixed ({', '.join(str(d) if d else 'not recorded' for d in digests)})"
+        )
         + (" (the current sources)" if digests == [digest] else f" (the current sources are `{digest}`)"),
         f"- commits: {_provenance(runs)}",
         f"- runs: {len(runs)} from {', '.join(f'`{s}`' for s in sources)}; seeds {_ranges(seeds)}",
@@ -558,8 +605,13 @@ def markdown(runs: list[RunSummary], matrix: dict[str, Any], *, command: str, so
     columns = matrix["columns"]
     keys = sorted({k for c in columns.values() for k in c["defects"]})
     if keys and len(columns) > 1:
-        lines += ["", "## At a glance: detected (median from window start)", "",
-                  "| defect | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+        lines += [
+            "",
+            "## At a glance: detected (median from window start)",
+            "",
+            "| defect | " + " | ".join(columns) + " |",
+            "|---|" + "---:|" * len(columns),
+        ]
         for key in keys:
             cells = []
             for c in columns.values():
@@ -570,42 +622,74 @@ def markdown(runs: list[RunSummary], matrix: dict[str, Any], *, command: str, so
     for column, c in columns.items():
         lines += ["", f"## `{column}`: {COLUMN_TITLES.get(column, f'campaign {column}')}", ""]
         if c["defects"]:
-            lines += ["| defect | campaign | intended oracles | detected | median from window start | median from load start | "
-                      "provoking window (runs) | caught by (runs) | each run from window start (s) | also failed |",
-                      "|---|---|---|---:|---:|---:|---|---|---|---|"]
+            lines += [
+                "| defect | campaign | intended oracles | detected | median from window start | median from load start | "
+                "provoking window (runs) | caught by (runs) | each run from window start (s) | also failed |",
+                "|---|---|---|---:|---:|---:|---|---|---|---|",
+            ]
             for key, d in c["defects"].items():
                 lines.append(
                     f"| `{key}` | {', '.join(d['campaigns'])} | {', '.join(d['intended']) if d['intended'] else 'any'} | "
                     f"{_rate(d)} | {_secs(d['median_window_s'])} | {_secs(d['median_first_s'])} | {_counts(d['windows'])} | "
-                    f"{_counts(d['caught_by'])} | {', '.join(f'{x:g}' for x in d['window_s']) or '–'} | {_counts(d['other_failing'])} |")
+                    f"{_counts(d['caught_by'])} | {', '.join(f'{x:g}' for x in d['window_s']) or '–'} | {_counts(d['other_failing'])} |"
+                )
         else:
             lines.append("No defect runs in this column.")
-        lines += ["", "Clean engine (false positives must be zero):", "",
-                  "| campaign | runs | seeds | verdicts | false positives | failing oracles |", "|---|---:|---|---|---:|---|"]
+        lines += [
+            "",
+            "Clean engine (false positives must be zero):",
+            "",
+            "| campaign | runs | seeds | verdicts | false positives | failing oracles |",
+            "|---|---:|---|---|---:|---|",
+        ]
         for campaign, k in c["clean"].items():
             fp = f"**{k['false_positives']}**" if k["false_positives"] else "0"
-            lines.append(f"| {campaign} | {k['runs']} | {_ranges(k['seeds'])} | {_counts(k['verdicts'])} | {fp} | "
-                         f"{_counts(k['failing_oracles'])} |")
+            lines.append(
+                f"| {campaign} | {k['runs']} | {_ranges(k['seeds'])} | {_counts(k['verdicts'])} | {fp} | "
+                f"{_counts(k['failing_oracles'])} |"
+            )
         if not c["clean"]:
             lines.append("| (no clean runs) | 0 | – | – | – | – |")
         total_fp += sum(k["false_positives"] for k in c["clean"].values())
-    lines += ["", f"False positives on the clean engine: **{total_fp}**"
-              + (" (must be zero: see the runs below)." if total_fp else ".")]
-    lines += ["", "## Runs", "",
-              "| column | defect | campaign | seed | verdict | failing oracles | first detection from load start (basis, oracle) | "
-              "provoking window (from its start) | load 1 min (start → end) | run time | record |",
-              "|---|---|---|---:|---|---|---|---|---|---:|---|"]
+    lines += [
+        "",
+        f"False positives on the clean engine: **{total_fp}**"
+        + (" (must be zero: see the runs below)." if total_fp else "."),
+    ]
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| column | defect | campaign | seed | verdict | failing oracles | first detection from load start (basis, oracle) | "
+        "provoking window (from its start) | load 1 min (start → end) | run time | record |",
+        "|---|---|---|---:|---|---|---|---|---|---:|---|",
+    ]
     order = {c: n for n, c in enumerate(columns)}
-    for r in sorted(runs, key=lambda r: (order.get(r.column, 99), r.key == CLEAN, r.key, r.campaign,
-                                         r.seed if r.seed is not None else -1)):
+    for r in sorted(
+        runs,
+        key=lambda r: (
+            order.get(r.column, 99),
+            r.key == CLEAN,
+            r.key,
+            r.campaign,
+            r.seed if r.seed is not None else -1,
+        ),
+    ):
         first = r.first_detection() if r.key != CLEAN else None
         shown = f"{first.first_s:.1f} s ({first.basis}, {first.name})" if first and first.first_s is not None else "–"
-        window = (f"{first.window} ({_secs(first.window_s)})" if first and first.window else
-                  r.window_of(first) if first and first.first_s is not None else "–")
-        load = (f"{r.loadavg_start[0]:.2f} → {r.loadavg_end[0]:.2f}" if r.loadavg_start and r.loadavg_end else "–")
+        window = (
+            f"{first.window} ({_secs(first.window_s)})"
+            if first and first.window
+            else r.window_of(first)
+            if first and first.first_s is not None
+            else "–"
+        )
+        load = f"{r.loadavg_start[0]:.2f} → {r.loadavg_end[0]:.2f}" if r.loadavg_start and r.loadavg_end else "–"
         problems = f" ⚠ {'; '.join(r.problems)}" if r.problems else ""
-        lines.append(f"| {r.column} | {r.key} | {r.campaign} | {r.seed if r.seed is not None else '?'} | {r.verdict or '–'}{problems} | "
-                     f"{', '.join(r.failing) or '–'} | {shown} | {window} | {load} | {_secs(r.wall_s)} | `{_record_name(r)}` |")
+        lines.append(
+            f"| {r.column} | {r.key} | {r.campaign} | {r.seed if r.seed is not None else '?'} | {r.verdict or '–'}{problems} | "
+            f"{', '.join(r.failing) or '–'} | {shown} | {window} | {load} | {_secs(r.wall_s)} | `{_record_name(r)}` |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -629,8 +713,10 @@ def _load_line(load: dict[str, Any]) -> str:
         return "not recorded"
     cpus = ", ".join(map(str, load["cpus"])) or "?"
     missing = f"; {load['runs_without']} run(s) without readings" if load["runs_without"] else ""
-    return (f"1-minute load average at each run's start and end: median {load['median']:.2f}, max {load['max']:.2f} "
-            f"({load['readings']} readings, on {cpus} usable CPUs{missing})")
+    return (
+        f"1-minute load average at each run's start and end: median {load['median']:.2f}, max {load['max']:.2f} "
+        f"({load['readings']} readings, on {cpus} usable CPUs{missing})"
+    )
 
 
 def _provenance(runs: list[RunSummary]) -> str:
@@ -638,8 +724,10 @@ def _provenance(runs: list[RunSummary]) -> str:
     by_digest: dict[str | None, set[str]] = {}
     for run in runs:
         by_digest.setdefault(run.source_digest, set()).update([run.commit] if run.commit else [])
-    return "; ".join(f"digest {d or 'not recorded'}" + (f" (commits {', '.join(sorted(c))})" if c else "")
-                     for d, c in sorted(by_digest.items(), key=lambda kv: str(kv[0])))
+    return "; ".join(
+        f"digest {d or 'not recorded'}" + (f" (commits {', '.join(sorted(c))})" if c else "")
+        for d, c in sorted(by_digest.items(), key=lambda kv: str(kv[0]))
+    )
 
 
 def _relative(path: str) -> str:
@@ -650,6 +738,7 @@ def _relative(path: str) -> str:
 
 
 # ---------------------------------------------------------------------------- running runs ----
+
 
 @dataclass(frozen=True)
 class Planned:
@@ -664,7 +753,9 @@ class Planned:
         return out / self.column / self.key / f"seed-{self.seed}"
 
 
-def column_campaigns(column: str, defects: list[str], clean_campaigns: list[str] | None) -> tuple[dict[str, Path], list[str]]:
+def column_campaigns(
+    column: str, defects: list[str], clean_campaigns: list[str] | None
+) -> tuple[dict[str, Path], list[str]]:
     """(defect -> campaign file, the campaign stems run clean) of one column."""
     if column == "default":
         return {d: DEFAULT_CAMPAIGN for d in defects}, [DEFAULT_CAMPAIGN.stem]
@@ -674,8 +765,13 @@ def column_campaigns(column: str, defects: list[str], clean_campaigns: list[str]
     return mine, clean_campaigns if clean_campaigns is not None else sorted({p.stem for p in mine.values()})
 
 
-def plan(defects: list[str], seeds: list[int], clean_seeds: dict[str, list[int]], columns: Sequence[str] = ("defects",),
-         clean_campaigns: list[str] | None = None) -> list[Planned]:
+def plan(
+    defects: list[str],
+    seeds: list[int],
+    clean_seeds: dict[str, list[int]],
+    columns: Sequence[str] = ("defects",),
+    clean_campaigns: list[str] | None = None,
+) -> list[Planned]:
     """Seed-major (a partial matrix still covers every defect and column), one column after the
     other within a seed; the clean runs of a seed beside its defect runs, the extra clean seeds of
     a column (default: 20 for `default`) after the last defect seed."""
@@ -690,7 +786,13 @@ def plan(defects: list[str], seeds: list[int], clean_seeds: dict[str, list[int]]
                     runs.append(Planned(column, defect, path.stem, path, defect, seeds[n]))
             if n < len(clean_seeds.get(column, [])):
                 for campaign in clean:
-                    path = DEFAULT_CAMPAIGN if column == "default" else TWIN_CAMPAIGN if column == "twin" else CAMPAIGNS / f"{campaign}.yaml"
+                    path = (
+                        DEFAULT_CAMPAIGN
+                        if column == "default"
+                        else TWIN_CAMPAIGN
+                        if column == "twin"
+                        else CAMPAIGNS / f"{campaign}.yaml"
+                    )
                     runs.append(Planned(column, f"clean-{campaign}", campaign, path, None, clean_seeds[column][n]))
     return runs
 
@@ -726,10 +828,8 @@ def interrupt_in_flight(wait_s: float = 120.0) -> None:
     with _IN_FLIGHT_LOCK:
         procs = list(_IN_FLIGHT)
     for proc in procs:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
     for proc in procs:
         try:
             proc.wait(timeout=wait_s)
@@ -737,26 +837,46 @@ def interrupt_in_flight(wait_s: float = 120.0) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def execute(item: Planned, out: Path, timeout_s: float, digest: str | None = None, commit: str | None = None) -> int | None:
+def execute(
+    item: Planned, out: Path, timeout_s: float, digest: str | None = None, commit: str | None = None
+) -> int | None:
     """One `pdchaos run`; its output goes next to the run directory, with a small sidecar that
     carries the exit code, the wall time, the machine's load and the sources' digest before and
     after the run."""
     digest = source_digest() if digest is None else digest
     run_dir = item.run_dir(out)
-    if _complete(run_dir) and _sidecar(run_dir).get("source_digest") == digest == _sidecar(run_dir).get("source_digest_after"):
+    if _complete(run_dir) and _sidecar(run_dir).get("source_digest") == digest == _sidecar(run_dir).get(
+        "source_digest_after"
+    ):
         print(f"[matrix] {item.key} seed {item.seed} ({item.column}): already complete, reused", flush=True)
         return None
     if run_dir.exists():  # an interrupted run, or one of other sources: keep it for the record, start afresh
-        stale = run_dir.with_name(f"{run_dir.name}.{'other-sources' if _complete(run_dir) else 'incomplete'}-{int(time.time())}")
+        stale = run_dir.with_name(
+            f"{run_dir.name}.{'other-sources' if _complete(run_dir) else 'incomplete'}-{int(time.time())}"
+        )
         run_dir.rename(stale)
         print(f"[matrix] {item.key} seed {item.seed}: earlier run moved to {stale}", flush=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "chaos.cli", "run", str(item.path), "--out", str(run_dir), "--quiet", "--seed", str(item.seed)]
+    argv = [
+        sys.executable,
+        "-m",
+        "chaos.cli",
+        "run",
+        str(item.path),
+        "--out",
+        str(run_dir),
+        "--quiet",
+        "--seed",
+        str(item.seed),
+    ]
     if item.defect:
         argv += ["--defect", item.defect]
     env = dict(os.environ)
-    for key, value in (("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"), ("RAY_AUTH_MODE", "disabled"),
-                       ("HF_ENDPOINT", "http://127.0.0.1:9")):
+    for key, value in (
+        ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"),
+        ("RAY_AUTH_MODE", "disabled"),
+        ("HF_ENDPOINT", "http://127.0.0.1:9"),
+    ):
         env.setdefault(key, value)  # as the Makefile sets them
     print(f"[matrix] {item.key} seed {item.seed} ({item.column}): {' '.join(argv[2:])}", flush=True)
     loadavg_start = [round(x, 2) for x in os.getloadavg()]
@@ -785,48 +905,101 @@ def execute(item: Planned, out: Path, timeout_s: float, digest: str | None = Non
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
         cpus = os.cpu_count() or 0
-    run_dir.with_name(run_dir.name + ".result.json").write_text(json.dumps(
-        {"argv": argv[1:], "rc": rc, "wall_s": round(wall, 1), "log": log.name, "loadavg_start": loadavg_start,
-         "loadavg_end": loadavg_end, "cpus": cpus, "source_digest": digest, "source_digest_after": after, "commit": commit}))
+    run_dir.with_name(run_dir.name + ".result.json").write_text(
+        json.dumps(
+            {
+                "argv": argv[1:],
+                "rc": rc,
+                "wall_s": round(wall, 1),
+                "log": log.name,
+                "loadavg_start": loadavg_start,
+                "loadavg_end": loadavg_end,
+                "cpus": cpus,
+                "source_digest": digest,
+                "source_digest_after": after,
+                "commit": commit,
+            }
+        )
+    )
     meaning = {0: "PASS", 1: "FAIL", 3: "INCONCLUSIVE"}.get(rc, f"error, see {log}")
-    print(f"[matrix] {item.key} seed {item.seed} ({item.column}): exit {rc} ({meaning}) in {wall:.0f} s, "
-          f"load {loadavg_start[0]:.2f} -> {loadavg_end[0]:.2f}", flush=True)
+    print(
+        f"[matrix] {item.key} seed {item.seed} ({item.column}): exit {rc} ({meaning}) in {wall:.0f} s, "
+        f"load {loadavg_start[0]:.2f} -> {loadavg_end[0]:.2f}",
+        flush=True,
+    )
     if after != digest:
-        print(f"[matrix] the sources changed during this run ({digest} -> {after}): it is not recorded", file=sys.stderr, flush=True)
+        print(
+            f"[matrix] the sources changed during this run ({digest} -> {after}): it is not recorded",
+            file=sys.stderr,
+            flush=True,
+        )
     return rc
 
 
 # ------------------------------------------------------------------------------- self-test ----
 
-def _synthetic_run(run_dir: Path, *, name: str, defects: list[str], seed: int, verdict: str,
-                   oracles: dict[str, list[dict[str, Any]]], requests: dict[str, float], start: float,
-                   drain_at: float | None = None, windows: Sequence[tuple[str, float, float, float]] = (),
-                   sidecar: dict[str, Any] | None = None) -> None:
+
+def _synthetic_run(
+    run_dir: Path,
+    *,
+    name: str,
+    defects: list[str],
+    seed: int,
+    verdict: str,
+    oracles: dict[str, list[dict[str, Any]]],
+    requests: dict[str, float],
+    start: float,
+    drain_at: float | None = None,
+    windows: Sequence[tuple[str, float, float, float]] = (),
+    sidecar: dict[str, Any] | None = None,
+) -> None:
     """A journal shaped like a finished `pdchaos run` (only what the matrix reads). `windows`:
     (fault, plan t, inject t, heal t), journaled in that order."""
     from chaos.journal import JournalEvent, RequestRecord
 
     with Journal.create(run_dir) as journal:
-        journal.set_meta("campaign", {"name": name, "seed": seed, "target": {"kind": "sim", "sim": {"defects": defects}}})
+        journal.set_meta(
+            "campaign", {"name": name, "seed": seed, "target": {"kind": "sim", "sim": {"defects": defects}}}
+        )
         journal.set_meta("seed", seed)
         journal.set_meta("load_started_at", start)
         for n, (fault, planned, injected, healed) in enumerate(windows):
             wid = f"w{n + 1}"
-            for step, t in (("plan", planned), ("inject", injected), ("confirm", injected + 0.5), ("heal", healed),
-                            ("audit", healed + 0.1)):
+            for step, t in (
+                ("plan", planned),
+                ("inject", injected),
+                ("confirm", injected + 0.5),
+                ("heal", healed),
+                ("audit", healed + 0.1),
+            ):
                 journal.append_event(JournalEvent("fault", fault, {"window": wid, "step": step}, t=t))
         for n, (request_id, t_send) in enumerate(requests.items()):
-            journal.append_request(RequestRecord(id=request_id, request_index=10_000 + n, t_send=t_send, t_end=t_send + 0.5))
+            journal.append_request(
+                RequestRecord(id=request_id, request_index=10_000 + n, t_send=t_send, t_end=t_send + 0.5)
+            )
         if drain_at is not None:
-            journal.append_event(JournalEvent("probe", "loads", {"role": "prefill", "phase": "after_drain", "data": {}},
-                                              t=drain_at))
+            journal.append_event(
+                JournalEvent("probe", "loads", {"role": "prefill", "phase": "after_drain", "data": {}}, t=drain_at)
+            )
         for oracle, findings in oracles.items():
-            result = {"name": oracle, "verdict": "FAIL" if findings else "PASS", "checked": 10,
-                      "findings": [{"oracle": oracle, "verdict": "FAIL", "summary": "x", "request_id": None, **f}
-                                   for f in findings], "notes": []}
+            result = {
+                "name": oracle,
+                "verdict": "FAIL" if findings else "PASS",
+                "checked": 10,
+                "findings": [
+                    {"oracle": oracle, "verdict": "FAIL", "summary": "x", "request_id": None, **f} for f in findings
+                ],
+                "notes": [],
+            }
             journal.append_event(JournalEvent("verdict", "oracle", result, t=start + 100))
-        journal.append_event(JournalEvent("verdict", "run", {"verdict": verdict, "exit_code": {"PASS": 0, "FAIL": 1}.get(verdict, 3)},
-                                          t=start + 101))
+        journal.append_event(
+            JournalEvent(
+                "verdict",
+                "run",
+                {"verdict": verdict, "exit_code": {"PASS": 0, "FAIL": 1}.get(verdict, 3)},
+                t=start + 101,
+            )
+        )
     if sidecar is not None:
         run_dir.with_name(run_dir.name + ".result.json").write_text(json.dumps(sidecar))
 
@@ -840,47 +1013,171 @@ def self_test() -> int:
         root = Path(tmp)
         t0 = 1_800_000_000.0
         handoff_windows = [("kv_transfer", t0 + 1.0, t0 + 1.2, t0 + 3.0), ("router_link", t0 + 5.0, t0 + 5.5, t0 + 7.0)]
-        side = {"wall_s": 40.0, "loadavg_start": [1.0, 1.0, 1.0], "loadavg_end": [3.0, 2.0, 1.0], "cpus": 2,
-                "source_digest": "d2", "source_digest_after": "d2", "commit": "abc123"}
+        side = {
+            "wall_s": 40.0,
+            "loadavg_start": [1.0, 1.0, 1.0],
+            "loadavg_end": [3.0, 2.0, 1.0],
+            "cpus": 2,
+            "source_digest": "d2",
+            "source_digest_after": "d2",
+            "commit": "abc123",
+        }
         # the `defects` column (campaigns/defects/)
-        _synthetic_run(root / "a" / "seed-1", name=names["handoff"], defects=["metadata_slot_collision"], seed=1,
-                       verdict="FAIL", start=t0, requests={"r1": t0 + 9.0, "r2": t0 + 4.0, "r3": t0 + 2.0},
-                       oracles={"canary": [{"request_id": "r1"}, {"request_id": "r2"}], "reference": [],
-                                "status": [{"request_id": "r3"}]}, windows=handoff_windows, sidecar=side)
-        _synthetic_run(root / "a" / "seed-2", name=names["handoff"], defects=["metadata_slot_collision"], seed=2,
-                       verdict="FAIL", start=t0, requests={"r1": t0 + 6.0},
-                       oracles={"canary": [], "reference": [{"request_id": "r1"}]}, windows=handoff_windows,
-                       sidecar={**side, "loadavg_start": [9.0, 1.0, 1.0], "loadavg_end": [5.0, 1.0, 1.0]})
-        _synthetic_run(root / "b" / "x", name=names["aborts"], defects=["pages_leak_on_abort"], seed=1,
-                       verdict="FAIL", start=t0, requests={}, drain_at=t0 + 45.0,
-                       oracles={"liveness": [{"evidence": {"role": "prefill"}}], "canary": []})
-        _synthetic_run(root / "b" / "y", name=names["aborts"], defects=["pages_leak_on_abort"], seed=2,
-                       verdict="FAIL", start=t0, requests={}, drain_at=t0 + 45.0,
-                       oracles={"liveness": [{"evidence": {"role": "decode", "t_snapshot": t0 + 12.5}}]})
-        _synthetic_run(root / "c", name=names["handoff"], defects=[], seed=1, verdict="PASS", start=t0,
-                       requests={}, oracles={"canary": [], "reference": []})
-        _synthetic_run(root / "d", name=names["cache"], defects=[], seed=1, verdict="FAIL", start=t0,
-                       requests={"q": t0 + 1.0}, oracles={"reference": [{"request_id": "q"}]})
+        _synthetic_run(
+            root / "a" / "seed-1",
+            name=names["handoff"],
+            defects=["metadata_slot_collision"],
+            seed=1,
+            verdict="FAIL",
+            start=t0,
+            requests={"r1": t0 + 9.0, "r2": t0 + 4.0, "r3": t0 + 2.0},
+            oracles={
+                "canary": [{"request_id": "r1"}, {"request_id": "r2"}],
+                "reference": [],
+                "status": [{"request_id": "r3"}],
+            },
+            windows=handoff_windows,
+            sidecar=side,
+        )
+        _synthetic_run(
+            root / "a" / "seed-2",
+            name=names["handoff"],
+            defects=["metadata_slot_collision"],
+            seed=2,
+            verdict="FAIL",
+            start=t0,
+            requests={"r1": t0 + 6.0},
+            oracles={"canary": [], "reference": [{"request_id": "r1"}]},
+            windows=handoff_windows,
+            sidecar={**side, "loadavg_start": [9.0, 1.0, 1.0], "loadavg_end": [5.0, 1.0, 1.0]},
+        )
+        _synthetic_run(
+            root / "b" / "x",
+            name=names["aborts"],
+            defects=["pages_leak_on_abort"],
+            seed=1,
+            verdict="FAIL",
+            start=t0,
+            requests={},
+            drain_at=t0 + 45.0,
+            oracles={"liveness": [{"evidence": {"role": "prefill"}}], "canary": []},
+        )
+        _synthetic_run(
+            root / "b" / "y",
+            name=names["aborts"],
+            defects=["pages_leak_on_abort"],
+            seed=2,
+            verdict="FAIL",
+            start=t0,
+            requests={},
+            drain_at=t0 + 45.0,
+            oracles={"liveness": [{"evidence": {"role": "decode", "t_snapshot": t0 + 12.5}}]},
+        )
+        _synthetic_run(
+            root / "c",
+            name=names["handoff"],
+            defects=[],
+            seed=1,
+            verdict="PASS",
+            start=t0,
+            requests={},
+            oracles={"canary": [], "reference": []},
+        )
+        _synthetic_run(
+            root / "d",
+            name=names["cache"],
+            defects=[],
+            seed=1,
+            verdict="FAIL",
+            start=t0,
+            requests={"q": t0 + 1.0},
+            oracles={"reference": [{"request_id": "q"}]},
+        )
         # the `default` column: two windows started before the finding; the last one provoked it
-        default_windows = [("kv_transfer", t0 + 2.0, t0 + 2.4, t0 + 7.0), ("client_abort", t0 + 14.0, t0 + 14.5, t0 + 18.0),
-                           ("transfer_stall", t0 + 38.0, t0 + 38.2, t0 + 42.0)]
-        _synthetic_run(root / "e" / "1", name=names["default"], defects=["free_before_transfer_done"], seed=1, verdict="FAIL",
-                       start=t0, requests={"u": t0 + 15.5, "v": t0 + 40.0},
-                       oracles={"reference": [{"request_id": "v"}], "canary": [{"request_id": "u"}]}, windows=default_windows)
-        _synthetic_run(root / "e" / "2", name=names["default"], defects=["free_before_transfer_done"], seed=2, verdict="FAIL",
-                       start=t0, requests={"u": t0 + 14.0}, oracles={"canary": [{"request_id": "u"}]}, windows=default_windows)
-        _synthetic_run(root / "e" / "3", name=names["default"], defects=["rejected_prefill_handoff"], seed=1, verdict="FAIL",
-                       start=t0, requests={"b": t0 - 3.0}, oracles={"status": [{"request_id": "b"}]}, windows=default_windows)
-        _synthetic_run(root / "e" / "clean", name=names["default"], defects=[], seed=1, verdict="FAIL", start=t0,
-                       requests={"w": t0 + 20.0}, oracles={"liveness": [{"request_id": "w"}]}, windows=default_windows)
+        default_windows = [
+            ("kv_transfer", t0 + 2.0, t0 + 2.4, t0 + 7.0),
+            ("client_abort", t0 + 14.0, t0 + 14.5, t0 + 18.0),
+            ("transfer_stall", t0 + 38.0, t0 + 38.2, t0 + 42.0),
+        ]
+        _synthetic_run(
+            root / "e" / "1",
+            name=names["default"],
+            defects=["free_before_transfer_done"],
+            seed=1,
+            verdict="FAIL",
+            start=t0,
+            requests={"u": t0 + 15.5, "v": t0 + 40.0},
+            oracles={"reference": [{"request_id": "v"}], "canary": [{"request_id": "u"}]},
+            windows=default_windows,
+        )
+        _synthetic_run(
+            root / "e" / "2",
+            name=names["default"],
+            defects=["free_before_transfer_done"],
+            seed=2,
+            verdict="FAIL",
+            start=t0,
+            requests={"u": t0 + 14.0},
+            oracles={"canary": [{"request_id": "u"}]},
+            windows=default_windows,
+        )
+        _synthetic_run(
+            root / "e" / "3",
+            name=names["default"],
+            defects=["rejected_prefill_handoff"],
+            seed=1,
+            verdict="FAIL",
+            start=t0,
+            requests={"b": t0 - 3.0},
+            oracles={"status": [{"request_id": "b"}]},
+            windows=default_windows,
+        )
+        _synthetic_run(
+            root / "e" / "clean",
+            name=names["default"],
+            defects=[],
+            seed=1,
+            verdict="FAIL",
+            start=t0,
+            requests={"w": t0 + 20.0},
+            oracles={"liveness": [{"request_id": "w"}]},
+            windows=default_windows,
+        )
         # the `twin` column: a defect it misses, a clean run INCONCLUSIVE (no false positive)
-        _synthetic_run(root / "f" / "1", name=names["twin"], defects=["pages_leak_on_abort"], seed=1, verdict="PASS",
-                       start=t0, requests={}, oracles={"liveness": []}, windows=default_windows)
-        _synthetic_run(root / "f" / "clean", name=names["twin"], defects=[], seed=1, verdict="INCONCLUSIVE", start=t0,
-                       requests={}, oracles={"canary": []}, windows=default_windows)
+        _synthetic_run(
+            root / "f" / "1",
+            name=names["twin"],
+            defects=["pages_leak_on_abort"],
+            seed=1,
+            verdict="PASS",
+            start=t0,
+            requests={},
+            oracles={"liveness": []},
+            windows=default_windows,
+        )
+        _synthetic_run(
+            root / "f" / "clean",
+            name=names["twin"],
+            defects=[],
+            seed=1,
+            verdict="INCONCLUSIVE",
+            start=t0,
+            requests={},
+            oracles={"canary": []},
+            windows=default_windows,
+        )
         # a run during which the sources changed: of no digest
-        _synthetic_run(root / "g", name=names["handoff"], defects=[], seed=2, verdict="PASS", start=t0, requests={},
-                       oracles={"canary": []}, sidecar={**side, "source_digest_after": "d3"})
+        _synthetic_run(
+            root / "g",
+            name=names["handoff"],
+            defects=[],
+            seed=2,
+            verdict="PASS",
+            start=t0,
+            requests={},
+            oracles={"canary": []},
+            sidecar={**side, "source_digest_after": "d3"},
+        )
         runs = [summarize_run(p) for p in find_runs([root])]
         matrix = aggregate(runs)
         cols = matrix["columns"]
@@ -889,91 +1186,146 @@ def self_test() -> int:
             "thirteen runs found": len(runs) == 13,
             "three columns, in order": list(cols) == ["default", "twin", "defects"],
             "leak: 2/2 detected": d["metadata_slot_collision"]["detected"] == 2,
-            "leak: earliest intended finding (4 s, not status's 2 s)": d["metadata_slot_collision"]["first_s"] == [4.0, 6.0],
+            "leak: earliest intended finding (4 s, not status's 2 s)": d["metadata_slot_collision"]["first_s"]
+            == [4.0, 6.0],
             "leak: median 5 s from load start": d["metadata_slot_collision"]["median_first_s"] == 5.0,
-            "leak: from the start (first event) of the window started last before it: 3 s and 1 s":
-                d["metadata_slot_collision"]["window_s"] == [3.0, 1.0] and d["metadata_slot_collision"]["median_window_s"] == 2.0,
-            "leak: provoking windows named": d["metadata_slot_collision"]["windows"] == {"kv_transfer#w1": 1, "router_link#w2": 1},
-            "leak: caught by canary 1, reference 1": d["metadata_slot_collision"]["caught_by"] == {"canary": 1, "reference": 1},
+            "leak: from the start (first event) of the window started last before it: 3 s and 1 s": d[
+                "metadata_slot_collision"
+            ]["window_s"]
+            == [3.0, 1.0]
+            and d["metadata_slot_collision"]["median_window_s"] == 2.0,
+            "leak: provoking windows named": d["metadata_slot_collision"]["windows"]
+            == {"kv_transfer#w1": 1, "router_link#w2": 1},
+            "leak: caught by canary 1, reference 1": d["metadata_slot_collision"]["caught_by"]
+            == {"canary": 1, "reference": 1},
             "leak: status counted as also failed": d["metadata_slot_collision"]["other_failing"] == {"status": 1},
             "campaign stem from the YAML name": d["metadata_slot_collision"]["campaigns"] == ["handoff"],
-            "page leak: timed at the drain snapshot, or at the idle snapshot mid-load":
-                sorted(d["pages_leak_on_abort"]["first_s"]) == [12.5, 45.0]
-                and d["pages_leak_on_abort"]["bases"] == {"drain snapshot": 1, "idle snapshot": 1},
-            "page leak: no window in its journal, no window time":
-                d["pages_leak_on_abort"]["window_s"] == [] and d["pages_leak_on_abort"]["windows"] == {"(no fault window in the run)": 2},
-            "default: the last window started before the finding (client_abort, not kv_transfer)":
-                dd["free_before_transfer_done"]["windows"] == {"client_abort#w2": 2},
-            "default: 1.5 s and 0 s from the window's start (a finding at the start counts), 15.5 and 14 from the load's":
-                dd["free_before_transfer_done"]["window_s"] == [1.5, 0.0] and dd["free_before_transfer_done"]["first_s"] == [15.5, 14.0],
-            "default: a detection in the baseline has no provoking window":
-                dd["rejected_prefill_handoff"]["windows"] == {"(before every window)": 1}
-                and dd["rejected_prefill_handoff"]["median_window_s"] is None
-                and dd["rejected_prefill_handoff"]["median_first_s"] == -3.0,
-            "default: every window of the run, from its first event":
-                [[w["start_s"] for w in r.windows] for r in runs if r.path.endswith("e/1")] == [[2.0, 14.0, 38.0]],
-            "default: the clean run's FAIL is a false positive of its column": cols["default"]["clean"]["default"]["false_positives"] == 1,
+            "page leak: timed at the drain snapshot, or at the idle snapshot mid-load": sorted(
+                d["pages_leak_on_abort"]["first_s"]
+            )
+            == [12.5, 45.0]
+            and d["pages_leak_on_abort"]["bases"] == {"drain snapshot": 1, "idle snapshot": 1},
+            "page leak: no window in its journal, no window time": d["pages_leak_on_abort"]["window_s"] == []
+            and d["pages_leak_on_abort"]["windows"] == {"(no fault window in the run)": 2},
+            "default: the last window started before the finding (client_abort, not kv_transfer)": dd[
+                "free_before_transfer_done"
+            ]["windows"]
+            == {"client_abort#w2": 2},
+            "default: 1.5 s and 0 s from the window's start (a finding at the start counts), 15.5 and 14 from the load's": dd[
+                "free_before_transfer_done"
+            ]["window_s"]
+            == [1.5, 0.0]
+            and dd["free_before_transfer_done"]["first_s"] == [15.5, 14.0],
+            "default: a detection in the baseline has no provoking window": dd["rejected_prefill_handoff"]["windows"]
+            == {"(before every window)": 1}
+            and dd["rejected_prefill_handoff"]["median_window_s"] is None
+            and dd["rejected_prefill_handoff"]["median_first_s"] == -3.0,
+            "default: every window of the run, from its first event": [
+                [w["start_s"] for w in r.windows] for r in runs if r.path.endswith("e/1")
+            ]
+            == [[2.0, 14.0, 38.0]],
+            "default: the clean run's FAIL is a false positive of its column": cols["default"]["clean"]["default"][
+                "false_positives"
+            ]
+            == 1,
             "twin: a miss is 0/1": cols["twin"]["defects"]["pages_leak_on_abort"]["detected"] == 0,
-            "twin: INCONCLUSIVE is no false positive": cols["twin"]["clean"]["sglang-launch-sim"]["false_positives"] == 0,
+            "twin: INCONCLUSIVE is no false positive": cols["twin"]["clean"]["sglang-launch-sim"]["false_positives"]
+            == 0,
             "clean handoff: no false positive": cols["defects"]["clean"]["handoff"]["false_positives"] == 0,
             "clean cache: one false positive": cols["defects"]["clean"]["cache"]["false_positives"] == 1,
-            "load: median and max of the 1-minute readings at start and end":
-                matrix["load"]["median"] == 3.0 and matrix["load"]["max"] == 9.0 and matrix["load"]["readings"] == 6,
-            "sidecar: digest and commit of an unchanged run": runs[0].source_digest == "d2" and runs[0].commit == "abc123",
-            "sidecar: a run during which the sources changed has no digest":
-                [r.source_digest for r in runs if r.path.endswith("/g")] == [None],
+            "load: median and max of the 1-minute readings at start and end": matrix["load"]["median"] == 3.0
+            and matrix["load"]["max"] == 9.0
+            and matrix["load"]["readings"] == 6,
+            "sidecar: digest and commit of an unchanged run": runs[0].source_digest == "d2"
+            and runs[0].commit == "abc123",
+            "sidecar: a run during which the sources changed has no digest": [
+                r.source_digest for r in runs if r.path.endswith("/g")
+            ]
+            == [None],
         }
         text = markdown(runs, matrix, command="self-test", sources=[tmp], digest="d2")
         checks["doc: one table per column"] = all(f"## `{c}`: " in text for c in COLUMNS) and "## At a glance" in text
         checks["doc: flags the false positives"] = "False positives on the clean engine: **2**" in text
         checks["doc: mixed sources are headed as a diagnostic"] = (
-            "**Not the matrix: a diagnostic of mixed sources.**" in text and "- source digest: mixed" in text)
-        checks["doc: the load line"] = "median 3.00, max 9.00 (6 readings, on 2 usable CPUs; 10 run(s) without readings)" in text
+            "**Not the matrix: a diagnostic of mixed sources.**" in text and "- source digest: mixed" in text
+        )
+        checks["doc: the load line"] = (
+            "median 3.00, max 9.00 (6 readings, on 2 usable CPUs; 10 run(s) without readings)" in text
+        )
         for run in runs:
             run.commit, run.source_digest = "abc123", "d1"
             write_record(root / "records", run)
         recorded = [run for _, run in read_records([root / "records"])]
         checks["records: one per (campaign, defect or clean, seed), and the same matrix read back"] = (
-            len(recorded) == len(runs) and aggregate(recorded) == matrix)
+            len(recorded) == len(runs) and aggregate(recorded) == matrix
+        )
         old_record = json.loads(record_path(root / "records", "metadata_slot_collision", "handoff", 1).read_text())
         old_record.pop("windows")
         for outcome in old_record["oracles"].values():
             outcome.pop("window"), outcome.pop("window_s")
-        older = RunSummary(**{**old_record, "oracles": {n: OracleOutcome(**o) for n, o in old_record["oracles"].items()}})
-        checks["records: one made before window timing says its windows are not recorded"] = (
-            _column_defects([older])["metadata_slot_collision"]["windows"] == {"(windows not recorded)": 1})
+        older = RunSummary(
+            **{**old_record, "oracles": {n: OracleOutcome(**o) for n, o in old_record["oracles"].items()}}
+        )
+        checks["records: one made before window timing says its windows are not recorded"] = _column_defects([older])[
+            "metadata_slot_collision"
+        ]["windows"] == {"(windows not recorded)": 1}
         kept, left = select(recorded, "d2")
         checks["records: stale ones are never selected"] = not kept and len(left) == len(recorded)
         checks["records: --records-digest and --any-source select them"] = (
-            len(select(recorded, "d2", records_digest="d1")[0]) == len(recorded) == len(select(recorded, "d2", any_source=True)[0]))
+            len(select(recorded, "d2", records_digest="d1")[0])
+            == len(recorded)
+            == len(select(recorded, "d2", any_source=True)[0])
+        )
         stale = markdown(recorded, matrix, command="self-test", sources=[tmp], digest="d2")
         checks["records: a doc of stale records says so, and names its digest"] = (
             "**Not the matrix: a diagnostic of other sources.**" in stale
             and [m.group(1) for line in stale.splitlines() if (m := DIGEST_LINE.match(line))] == ["d1"]
-            and "digest d1 (commits abc123)" in stale)
+            and "digest d1 (commits abc123)" in stale
+        )
         current = markdown(recorded, matrix, command="self-test", sources=[tmp], digest="d1")
         checks["records: a doc of the current sources has no banner"] = (
-            "Not the matrix" not in current and "- source digest: `d1` (the current sources)" in current)
-        planned = plan(["metadata_slot_collision", "pages_leak_on_abort"], [1, 2],
-                       {"default": list(range(1, 21)), "twin": [1, 2, 3], "defects": [1, 2, 3]}, COLUMNS)
+            "Not the matrix" not in current and "- source digest: `d1` (the current sources)" in current
+        )
+        planned = plan(
+            ["metadata_slot_collision", "pages_leak_on_abort"],
+            [1, 2],
+            {"default": list(range(1, 21)), "twin": [1, 2, 3], "defects": [1, 2, 3]},
+            COLUMNS,
+        )
         by_column = Counter((p.column, p.defect is None) for p in planned)
         checks["plan: 2 defects x 2 seeds per column; clean 20 default, 3 twin, 3 per defect campaign"] = by_column == {
-            ("default", False): 4, ("twin", False): 4, ("defects", False): 4,
-            ("default", True): 20, ("twin", True): 3, ("defects", True): 6}
+            ("default", False): 4,
+            ("twin", False): 4,
+            ("defects", False): 4,
+            ("default", True): 20,
+            ("twin", True): 3,
+            ("defects", True): 6,
+        }
         checks["plan: each column's campaign file"] = (
             {p.path for p in planned if p.column == "default"} == {DEFAULT_CAMPAIGN}
             and {p.path for p in planned if p.column == "twin"} == {TWIN_CAMPAIGN}
-            and {p.path.name for p in planned if p.column == "defects"} == {"handoff.yaml", "aborts.yaml"})
-        checks["plan: seed-major, the extra clean seeds last"] = (
-            [p.seed for p in planned[:9]] == [1] * 9 and {p.column for p in planned[-17:]} == {"default"})
-        checks["plan: run directories and records are one per key"] = (
-            len({p.run_dir(root) for p in planned}) == len(planned)
-            and len({record_path(root, p.defect or CLEAN, p.campaign, p.seed) for p in planned}) == len(planned))
+            and {p.path.name for p in planned if p.column == "defects"} == {"handoff.yaml", "aborts.yaml"}
+        )
+        checks["plan: seed-major, the extra clean seeds last"] = [p.seed for p in planned[:9]] == [1] * 9 and {
+            p.column for p in planned[-17:]
+        } == {"default"}
+        checks["plan: run directories and records are one per key"] = len({p.run_dir(root) for p in planned}) == len(
+            planned
+        ) and len({record_path(root, p.defect or CLEAN, p.campaign, p.seed) for p in planned}) == len(planned)
         covered = {p.relative_to(REPO).as_posix() for p in source_files()}
         checks["digest: covers the campaigns of every column, not the other engines' targets"] = (
-            {"campaigns/default.yaml", "benchmarks/campaigns/sglang-launch-sim.yaml", "campaigns/defects/handoff.yaml",
-             "faults/window.py", "chaos/runner.py", "loadprofiles/users.py"} <= covered
-            and not any(p.startswith(SOURCE_EXCLUDED) for p in covered) and "campaigns/sglang-launch.yaml" not in covered)
+            {
+                "campaigns/default.yaml",
+                "benchmarks/campaigns/sglang-launch-sim.yaml",
+                "campaigns/defects/handoff.yaml",
+                "faults/window.py",
+                "chaos/runner.py",
+                "loadprofiles/users.py",
+            }
+            <= covered
+            and not any(p.startswith(SOURCE_EXCLUDED) for p in covered)
+            and "campaigns/sglang-launch.yaml" not in covered
+        )
         for what, ok in checks.items():
             print(f"{'ok  ' if ok else 'FAIL'} {what}")
         if not all(checks.values()):
@@ -985,37 +1337,84 @@ def self_test() -> int:
 
 # ------------------------------------------------------------------------------------ main ----
 
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--campaigns", default=",".join(COLUMNS),
-                   help="columns to run, comma-separated: default, twin, defects (default: all three)")
+    p.add_argument(
+        "--campaigns",
+        default=",".join(COLUMNS),
+        help="columns to run, comma-separated: default, twin, defects (default: all three)",
+    )
     p.add_argument("--seeds", type=int, default=3, help="seeds per defect in each column (default 3)")
-    p.add_argument("--clean-seeds", type=int, default=None,
-                   help="clean-engine seeds per campaign (default: 20 for default, 3 for twin and each per-defect campaign)")
+    p.add_argument(
+        "--clean-seeds",
+        type=int,
+        default=None,
+        help="clean-engine seeds per campaign (default: 20 for default, 3 for twin and each per-defect campaign)",
+    )
     p.add_argument("--first-seed", type=int, default=1, help="seeds are FIRST .. FIRST+SEEDS-1 (default 1)")
     p.add_argument("--defects", default=",".join(EXPECTED), help="comma-separated; default every defect")
     p.add_argument("--no-clean", action="store_true", help="skip the clean-engine runs")
-    p.add_argument("--clean-campaigns", default=None,
-                   help="the defects column: campaigns (stems in campaigns/defects/) to run clean; default those of the chosen defects")
-    p.add_argument("--out-dir", type=Path, default=None,
-                   help="where the runs go (default runs/detection-matrix-<time>); complete runs of these sources in it are reused")
-    p.add_argument("--doc", type=Path, default=DEFAULT_DOC, help="the Markdown to write (default docs/detection-matrix.md)")
+    p.add_argument(
+        "--clean-campaigns",
+        default=None,
+        help="the defects column: campaigns (stems in campaigns/defects/) to run clean; default those of the chosen defects",
+    )
+    p.add_argument(
+        "--out-dir",
+        type=Path,
+        default=None,
+        help="where the runs go (default runs/detection-matrix-<time>); complete runs of these sources in it are reused",
+    )
+    p.add_argument(
+        "--doc", type=Path, default=DEFAULT_DOC, help="the Markdown to write (default docs/detection-matrix.md)"
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the summary as JSON")
-    p.add_argument("--from-runs", type=Path, action="append", default=None, metavar="DIR",
-                   help="run nothing: summarise every run directory under DIR (repeatable)")
-    p.add_argument("--records", type=Path, default=DEFAULT_RECORDS,
-                   help="where each finished run's summary is recorded, and reused from (default %(default)s)")
-    p.add_argument("--no-records", dest="records", action="store_const", const=None, help="record nothing, reuse nothing")
-    p.add_argument("--from-records", type=Path, action="append", default=None, metavar="DIR",
-                   help="run nothing: summarise the run records of the current sources under DIR (repeatable)")
-    p.add_argument("--any-source", action="store_true",
-                   help="diagnostic: also runs and records of other sources; the doc is headed as mixed-source")
-    p.add_argument("--records-digest", default=None, metavar="DIGEST",
-                   help="diagnostic: the runs and records of this digest instead of the current sources'; "
-                        "the doc is headed as such when it is not the current one")
+    p.add_argument(
+        "--from-runs",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="run nothing: summarise every run directory under DIR (repeatable)",
+    )
+    p.add_argument(
+        "--records",
+        type=Path,
+        default=DEFAULT_RECORDS,
+        help="where each finished run's summary is recorded, and reused from (default %(default)s)",
+    )
+    p.add_argument(
+        "--no-records", dest="records", action="store_const", const=None, help="record nothing, reuse nothing"
+    )
+    p.add_argument(
+        "--from-records",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="run nothing: summarise the run records of the current sources under DIR (repeatable)",
+    )
+    p.add_argument(
+        "--any-source",
+        action="store_true",
+        help="diagnostic: also runs and records of other sources; the doc is headed as mixed-source",
+    )
+    p.add_argument(
+        "--records-digest",
+        default=None,
+        metavar="DIGEST",
+        help="diagnostic: the runs and records of this digest instead of the current sources'; "
+        "the doc is headed as such when it is not the current one",
+    )
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run before it is interrupted")
-    p.add_argument("--parallel", type=int, default=1, metavar="N",
-                   help="runs at a time, taken in plan order (default 1; 2 on two cores: the doc states the load)")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="runs at a time, taken in plan order (default 1; 2 on two cores: the doc states the load)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the runs it would make and stop")
     p.add_argument("--digest", action="store_true", help="print the current sources' digest and stop")
     p.add_argument("--self-test", action="store_true", help="check the summary on synthetic journals; runs nothing")
@@ -1047,8 +1446,11 @@ def main(argv: list[str] | None = None) -> int:
     runs, left = select(found, digest, any_source=args.any_source, records_digest=args.records_digest)
     if left:
         wanted = args.records_digest or digest
-        print(f"[matrix] {len(left)} run(s) or record(s) not of digest {wanted} left out (digests "
-              f"{', '.join(str(d) for d in _digests(left))}; a stale record is never summarised into the matrix)", file=sys.stderr)
+        print(
+            f"[matrix] {len(left)} run(s) or record(s) not of digest {wanted} left out (digests "
+            f"{', '.join(str(d) for d in _digests(left))}; a stale record is never summarised into the matrix)",
+            file=sys.stderr,
+        )
     if not runs:
         print(f"no runs or records of digest {args.records_digest or digest} (of {len(found)} found)", file=sys.stderr)
         return 1
@@ -1059,8 +1461,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"matrix": matrix, "runs": [asdict(r) for r in runs]}, indent=2))
     print(text)
-    print(f"[matrix] wrote {args.doc}" + ("" if _digests(runs) == [digest] else " (a diagnostic: not of the current sources)"),
-          flush=True)
+    print(
+        f"[matrix] wrote {args.doc}"
+        + ("" if _digests(runs) == [digest] else " (a diagnostic: not of the current sources)"),
+        flush=True,
+    )
     false_positives = sum(c["false_positives"] for col in matrix["columns"].values() for c in col["clean"].values())
     missed = sum(d["runs"] - d["detected"] for d in matrix["columns"].get("defects", {}).get("defects", {}).values())
     return 1 if false_positives or missed else 0
@@ -1085,9 +1490,19 @@ def run_matrix(args: argparse.Namespace, stems: dict[str, str]) -> tuple[list[Ru
             print(f"--clean-campaigns: no campaigns/defects/{campaign}.yaml", file=sys.stderr)
             return 2
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    clean_seeds = {} if args.no_clean else {
-        c: list(range(args.first_seed, args.first_seed + (args.clean_seeds if args.clean_seeds is not None else CLEAN_SEEDS[c])))
-        for c in columns}
+    clean_seeds = (
+        {}
+        if args.no_clean
+        else {
+            c: list(
+                range(
+                    args.first_seed,
+                    args.first_seed + (args.clean_seeds if args.clean_seeds is not None else CLEAN_SEEDS[c]),
+                )
+            )
+            for c in columns
+        }
+    )
     out = args.out_dir or REPO / "runs" / f"detection-matrix-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%MZ')}"
     planned = plan(defects, seeds, clean_seeds, columns, clean_campaigns)
     digest = source_digest()
@@ -1104,7 +1519,9 @@ def run_matrix(args: argparse.Namespace, stems: dict[str, str]) -> tuple[list[Ru
     return runs, [str(out)]
 
 
-def run_in_order(planned: list[Planned], work: Callable[[Planned], RunSummary | None], parallel: int = 1) -> list[RunSummary]:
+def run_in_order(
+    planned: list[Planned], work: Callable[[Planned], RunSummary | None], parallel: int = 1
+) -> list[RunSummary]:
     """The planned runs, `parallel` at a time, each started when one ends, in plan order
     (seed-major: a matrix cut short still covers every defect); their summaries in plan order.
     A Ctrl-C starts nothing more, interrupts the runs in flight (each heals and reports; none is
@@ -1135,11 +1552,15 @@ def summarize_dirs(run_dirs: list[Path], stems: dict[str, str]) -> list[RunSumma
         try:
             runs.append(summarize_run(run_dir, stems))
         except (sqlite3.Error, JournalError, OSError, ValueError, TypeError) as exc:  # keep the rest
-            print(f"[matrix] {run_dir}: cannot read the journal ({type(exc).__name__}: {exc}); left out", file=sys.stderr)
+            print(
+                f"[matrix] {run_dir}: cannot read the journal ({type(exc).__name__}: {exc}); left out", file=sys.stderr
+            )
     return runs
 
 
-def matrix_run(item: Planned, out: Path, args: argparse.Namespace, stems: dict[str, str], commit: str | None) -> RunSummary | None:
+def matrix_run(
+    item: Planned, out: Path, args: argparse.Namespace, stems: dict[str, str], commit: str | None
+) -> RunSummary | None:
     """One planned run: its record when one of the current sources exists, else the run (made or
     reused) summarised, and recorded when the sources did not change while it ran."""
     digest = source_digest()  # per run: other people's edits change it while a long matrix runs
@@ -1151,8 +1572,11 @@ def matrix_run(item: Planned, out: Path, args: argparse.Namespace, stems: dict[s
             except (ValueError, TypeError, OSError):
                 recorded = None
             if recorded is not None and recorded.source_digest == digest:
-                print(f"[matrix] {item.key} seed {item.seed} ({item.column}): recorded for these sources, reused "
-                      f"({_relative(str(existing))})", flush=True)
+                print(
+                    f"[matrix] {item.key} seed {item.seed} ({item.column}): recorded for these sources, reused "
+                    f"({_relative(str(existing))})",
+                    flush=True,
+                )
                 return recorded
     if INTERRUPTED.is_set():
         return None

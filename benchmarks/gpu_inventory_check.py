@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from chaos.gpu import GIB, compare_pool, read_inventory  # noqa: E402
+from chaos.gpu import GIB, compare_pool, read_inventory
 
 # A child that holds GiB of GPU memory until its stdin closes, and prints its pid once it does.
 HOLD = """
@@ -74,32 +74,47 @@ def raw_nvml() -> dict[str, Any]:
     out: dict[str, Any] = {"binding": getattr(pynvml, "__version__", None)}
     pynvml.nvmlInit()
     try:
+
         def call(name: str, *args: Any) -> dict[str, Any]:
             try:
                 return _typed(getattr(pynvml, name)(*args))
-            except Exception as exc:  # noqa: BLE001 - the point is to record what each call does
+            except Exception as exc:  # the point is to record what each call does
                 return {"error": f"{type(exc).__name__}: {exc}"}
 
-        out["system"] = {name: call(name) for name in
-                         ("nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion", "nvmlSystemGetNVMLVersion",
-                          "nvmlDeviceGetCount")}
+        out["system"] = {
+            name: call(name)
+            for name in (
+                "nvmlSystemGetDriverVersion",
+                "nvmlSystemGetCudaDriverVersion",
+                "nvmlSystemGetNVMLVersion",
+                "nvmlDeviceGetCount",
+            )
+        }
         devices = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             pci = pynvml.nvmlDeviceGetPciInfo(handle)
             device: dict[str, Any] = {
-                "name": call("nvmlDeviceGetName", handle), "uuid": call("nvmlDeviceGetUUID", handle),
+                "name": call("nvmlDeviceGetName", handle),
+                "uuid": call("nvmlDeviceGetUUID", handle),
                 "memory": {k: getattr(memory, k) for k in ("total", "used", "free")},
-                "pci_busId": _typed(pci.busId), "pci_busIdLegacy": _typed(getattr(pci, "busIdLegacy", None)),
+                "pci_busId": _typed(pci.busId),
+                "pci_busIdLegacy": _typed(getattr(pci, "busIdLegacy", None)),
             }
             for kind in ("Compute", "Graphics"):
                 try:
                     procs = getattr(pynvml, f"nvmlDeviceGet{kind}RunningProcesses")(handle)
-                    device[kind.lower()] = [{"type": type(p).__name__, "pid": p.pid,
-                                             "usedGpuMemory": _typed(getattr(p, "usedGpuMemory", None)),
-                                             "name": call("nvmlSystemGetProcessName", p.pid)} for p in procs]
-                except Exception as exc:  # noqa: BLE001
+                    device[kind.lower()] = [
+                        {
+                            "type": type(p).__name__,
+                            "pid": p.pid,
+                            "usedGpuMemory": _typed(getattr(p, "usedGpuMemory", None)),
+                            "name": call("nvmlSystemGetProcessName", p.pid),
+                        }
+                        for p in procs
+                    ]
+                except Exception as exc:
                     device[kind.lower()] = {"error": f"{type(exc).__name__}: {exc}"}
             devices.append(device)
         out["devices"] = devices
@@ -112,8 +127,9 @@ class Child:
     """A Python child on the GPU that holds its memory until closed."""
 
     def __init__(self, code: str, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert self.proc.stdout is not None
         self.line = self.proc.stdout.readline().strip()
         if not self.line:
@@ -136,10 +152,15 @@ def pool_check(weights_gib: float, fraction: float, squatter_pid: int | None) ->
         sized = json.loads(engine.line)
         inventory = read_inventory()
         own = {sized["pid"]}
-        check = compare_pool("decode", inventory.by_index([0]), fraction, weights_gib, sized["kv_bytes"] / GIB, None,
-                             own_pids=own)
-        return {"engine": sized, "squatter_pid": squatter_pid, "check": check.to_json(),
-                "nvml_pids": [p.pid for g in inventory.gpus for p in g.processes]}
+        check = compare_pool(
+            "decode", inventory.by_index([0]), fraction, weights_gib, sized["kv_bytes"] / GIB, None, own_pids=own
+        )
+        return {
+            "engine": sized,
+            "squatter_pid": squatter_pid,
+            "check": check.to_json(),
+            "nvml_pids": [p.pid for g in inventory.gpus for p in g.processes],
+        }
     finally:
         engine.close()
 
@@ -159,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     squatter = Child(HOLD, str(args.squat_gib))
     try:
         pid = int(squatter.line)
-        result["squatter"] = {"pid": pid, "gib": args.squat_gib, "seen": processes_seen(pid),
-                              "inventory_used_mib": [g.memory_used_mib for g in read_inventory().gpus]}
+        result["squatter"] = {
+            "pid": pid,
+            "gib": args.squat_gib,
+            "seen": processes_seen(pid),
+            "inventory_used_mib": [g.memory_used_mib for g in read_inventory().gpus],
+        }
         result["beside_squatter"] = pool_check(args.weights_gib, args.fraction, pid)
     finally:
         squatter.close()

@@ -49,6 +49,7 @@ if os.environ.get(BODIES_ENV):
         """POSTs the prepared bodies in turn and reads each reply whole."""
 
         wait_time = constant(0)
+
         @task
         def post(self) -> None:
             path, name, body = _BODIES[next(_NEXT) % len(_BODIES)]
@@ -93,7 +94,7 @@ def proc_cpu_s(pid: int) -> float | None:
             raw = fh.read()
     except OSError:
         return None
-    fields = raw[raw.rfind(b")") + 2:].split()
+    fields = raw[raw.rfind(b")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
@@ -117,18 +118,26 @@ def machine() -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             return "?"
 
-    return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": model, "kernel": platform.release(),
-            "python": platform.python_version(), "locust": version("locust"), "httpx": version("httpx"),
-            "geventhttpclient": version("geventhttpclient"), "aiohttp": version("aiohttp"),
-            "loadavg_start": list(os.getloadavg())}
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "locust": version("locust"),
+        "httpx": version("httpx"),
+        "geventhttpclient": version("geventhttpclient"),
+        "aiohttp": version("aiohttp"),
+        "loadavg_start": list(os.getloadavg()),
+    }
 
 
 # ------------------------------------------------------------------------------- bodies ----
 
+
 def build_bodies(count: int, seed: int, max_tokens: int, index_base: int) -> list[tuple[str, str, str]]:
     """(path, name, JSON body) as the canary_chat user would send them (same choices, same factory)."""
-    from chaos.oracles.canary import MarkerCodec, new_run_prefix
-    from loadprofiles.config import TargetFacts
+    from chaos.markers import MarkerCodec, new_run_prefix
+    from chaos.targets.discovery import TargetFacts
     from loadprofiles.exchange import ROUTES, request_body
     from loadprofiles.prompts import PromptFactory
 
@@ -149,6 +158,7 @@ def build_bodies(count: int, seed: int, max_tokens: int, index_base: int) -> lis
 
 
 # ---------------------------------------------------------------------------------- runs ----
+
 
 @dataclass
 class RunResult:
@@ -180,12 +190,21 @@ def locust_totals(stdout: str) -> tuple[int, int, float]:
     return requests, failures, max(0.0, last - first)
 
 
-def run_locust(variant: str, round_no: int, argv: list[str], env: dict[str, str], duration: float,
-               server_pid: int, pin: bool, children: list[subprocess.Popen[str]]) -> RunResult:
+def run_locust(
+    variant: str,
+    round_no: int,
+    argv: list[str],
+    env: dict[str, str],
+    duration: float,
+    server_pid: int,
+    pin: bool,
+    children: list[subprocess.Popen[str]],
+) -> RunResult:
     result = RunResult(variant, round_no)
     started = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     children.append(proc)
     if pin:
         os.sched_setaffinity(proc.pid, {0})
@@ -193,7 +212,7 @@ def run_locust(variant: str, round_no: int, argv: list[str], env: dict[str, str]
     end_at = started + duration - 0.5
     while proc.poll() is None and time.monotonic() < started + duration + 30:
         now = time.monotonic()
-        if WARMUP_S <= now - started and now <= end_at:
+        if now - started >= WARMUP_S and now <= end_at:
             cpu, server = proc_cpu_s(proc.pid), proc_cpu_s(server_pid)
             if cpu is not None and server is not None:
                 window.append((now, cpu, server, machine_ticks()))
@@ -224,7 +243,7 @@ def run_locust(variant: str, round_no: int, argv: list[str], env: dict[str, str]
 def check_records(path: Path) -> dict[str, Any]:
     """Outcomes, and the leak scan the driver would run over them, timed."""
     from chaos.journal import RequestRecord
-    from chaos.oracles.canary import MarkerCodec
+    from chaos.markers import MarkerCodec
 
     records = []
     with open(path) as fh:
@@ -244,12 +263,22 @@ def check_records(path: Path) -> dict[str, Any]:
     own = sum(1 for index, hits in scans if any(h.verified and h.request_index == index for h in hits))
     # What the leak oracle would flag: hits of this run that cannot be the request's own (a cut
     # tail marker of its own is not one).
-    others = sum(1 for index, hits in scans for h in hits
-                 if h.run_prefix == codec.run_prefix and not h.could_be_owned_by(codec.run_prefix, index))
+    others = sum(
+        1
+        for index, hits in scans
+        for h in hits
+        if h.run_prefix == codec.run_prefix and not h.could_be_owned_by(codec.run_prefix, index)
+    )
     with_text = sum(1 for _, text in texts if text)
-    return {"records": len(records), "outcomes": outcomes, "with_text": with_text, "own_marker_back": own,
-            "other_markers": others, "scan_us_per_request": 1e6 * scan_s / len(records),
-            "text_bytes": sum(len(t) for _, t in texts)}
+    return {
+        "records": len(records),
+        "outcomes": outcomes,
+        "with_text": with_text,
+        "own_marker_back": own,
+        "other_markers": others,
+        "scan_us_per_request": 1e6 * scan_s / len(records),
+        "text_bytes": sum(len(t) for _, t in texts),
+    }
 
 
 def breakdown(count: int, seed: int, max_tokens: int, echo_chars: int, chunks: int) -> dict[str, float]:
@@ -257,8 +286,8 @@ def breakdown(count: int, seed: int, max_tokens: int, echo_chars: int, chunks: i
     Locust CPU per request is prompt building, reply parsing and the record."""
     import dataclasses
 
-    from chaos.oracles.canary import MarkerCodec
-    from loadprofiles.config import TargetFacts
+    from chaos.markers import MarkerCodec
+    from chaos.targets.discovery import TargetFacts
     from loadprofiles.exchange import request_body
     from loadprofiles.prompts import PromptFactory
     from loadprofiles.recorder import Observed, Sent, build_record, judge
@@ -278,7 +307,7 @@ def breakdown(count: int, seed: int, max_tokens: int, echo_chars: int, chunks: i
     # A streamed /generate reply as sse_server.py sends it (cumulative text), and a whole one.
     text = made[0].as_text()[:echo_chars]
     size = max(1, -(-len(text) // chunks))
-    pieces = [text[i:i + size] for i in range(0, len(text), size)]
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
     stream, so_far = b"", ""
     for n, piece in enumerate(pieces):
         so_far += piece
@@ -295,8 +324,19 @@ def breakdown(count: int, seed: int, max_tokens: int, echo_chars: int, chunks: i
     for _ in range(count):
         parse_body("generate", whole, sse=False)
     out["parse whole reply"] = time.perf_counter() - start
-    sent = Sent(id="r", request_index=10_000, phase="load", user_kind="canary_chat", actor="a0/u0", endpoint="/generate",
-                stream=True, markers=made[0].markers, prompt=made[0].as_text(), max_tokens=max_tokens, planned_send=None)
+    sent = Sent(
+        id="r",
+        request_index=10_000,
+        phase="load",
+        user_kind="canary_chat",
+        actor="a0/u0",
+        endpoint="/generate",
+        stream=True,
+        markers=made[0].markers,
+        prompt=made[0].as_text(),
+        max_tokens=max_tokens,
+        planned_send=None,
+    )
     obs = Observed(t_send=1.0, t_first_byte=1.0, t_end=2.0, status=200, sse=True, parsed=parsed)
     start = time.perf_counter()
     for _ in range(count):
@@ -306,6 +346,7 @@ def breakdown(count: int, seed: int, max_tokens: int, echo_chars: int, chunks: i
 
 
 # -------------------------------------------------------------------------------- report ----
+
 
 def fmt(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
@@ -323,9 +364,12 @@ def summarize(runs: list[RunResult]) -> dict[str, Any]:
             return statistics.median(known) if known else None
 
         out[variant] = {
-            "rps": med([r.rps for r in mine]), "rps_each": [round(r.rps, 1) for r in mine],
-            "requests": sum(r.requests for r in mine), "failures": sum(r.failures for r in mine),
-            "locust_cores": med([r.locust_cores for r in mine]), "server_cores": med([r.server_cores for r in mine]),
+            "rps": med([r.rps for r in mine]),
+            "rps_each": [round(r.rps, 1) for r in mine],
+            "requests": sum(r.requests for r in mine),
+            "failures": sum(r.failures for r in mine),
+            "locust_cores": med([r.locust_cores for r in mine]),
+            "server_cores": med([r.server_cores for r in mine]),
             "locust_ms_per_req": med([r.cpu_ms_per_req(r.locust_cores) for r in mine]),
             "server_ms_per_req": med([r.cpu_ms_per_req(r.server_cores) for r in mine]),
             "machine_busy": med([r.machine_busy for r in mine]),
@@ -340,32 +384,47 @@ def busy(value: float | None) -> str:
 def markdown(report: dict[str, Any]) -> str:
     m, s = report["machine"], report["summary"]
     lines = [
-        (f"- machine: {m['nproc']} usable CPUs, {m['cpu_model']}; Linux {m['kernel']}, Python {m['python']}, "
-         f"locust {m['locust']}, httpx {m['httpx']}, geventhttpclient {m['geventhttpclient']}, aiohttp {m['aiohttp']}"),
-        (f"- load average at start {' '.join(f'{x:.2f}' for x in m['loadavg_start'])}, "
-         f"at end {' '.join(f'{x:.2f}' for x in report['loadavg_end'])}"),
-        (f"- {report['users']} users, no think time, {report['duration']:g} s per run, {report['rounds']} round(s); "
-         f"order {' '.join(report['order'])}; "
-         f"Locust {'pinned to CPU0, server to CPU1' if report['pin'] else 'and server unpinned'}"),
+        (
+            f"- machine: {m['nproc']} usable CPUs, {m['cpu_model']}; Linux {m['kernel']}, Python {m['python']}, "
+            f"locust {m['locust']}, httpx {m['httpx']}, geventhttpclient {m['geventhttpclient']}, aiohttp {m['aiohttp']}"
+        ),
+        (
+            f"- load average at start {' '.join(f'{x:.2f}' for x in m['loadavg_start'])}, "
+            f"at end {' '.join(f'{x:.2f}' for x in report['loadavg_end'])}"
+        ),
+        (
+            f"- {report['users']} users, no think time, {report['duration']:g} s per run, {report['rounds']} round(s); "
+            f"order {' '.join(report['order'])}; "
+            f"Locust {'pinned to CPU0, server to CPU1' if report['pin'] else 'and server unpinned'}"
+        ),
         "",
         "| run | variant | req/s | failures | Locust CPU (cores) | Locust CPU ms/req | server CPU ms/req | machine busy |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for n, r in enumerate(report["runs"], 1):
         rr = RunResult(**{k: v for k, v in r.items()})
-        lines.append(f"| {n} | {r['variant']} | {fmt(r['rps'])} | {r['failures']} | {fmt(r['locust_cores'], 2)} | "
-                     f"{fmt(rr.cpu_ms_per_req(r['locust_cores']), 3)} | {fmt(rr.cpu_ms_per_req(r['server_cores']), 3)} | "
-                     f"{busy(r['machine_busy'])} |")
+        lines.append(
+            f"| {n} | {r['variant']} | {fmt(r['rps'])} | {r['failures']} | {fmt(r['locust_cores'], 2)} | "
+            f"{fmt(rr.cpu_ms_per_req(r['locust_cores']), 3)} | {fmt(rr.cpu_ms_per_req(r['server_cores']), 3)} | "
+            f"{busy(r['machine_busy'])} |"
+        )
     if "ours" in s and "fasthttp" in s:
         o, f = s["ours"], s["fasthttp"]
         ratio = o["rps"] / f["rps"] if o["rps"] and f["rps"] else None
-        cpu = (o["locust_ms_per_req"] / f["locust_ms_per_req"]
-               if o["locust_ms_per_req"] and f["locust_ms_per_req"] else None)
-        lines += ["", "| medians | ours | fasthttp | ours / fasthttp |", "|---|---:|---:|---:|",
-                  f"| req/s | {fmt(o['rps'])} | {fmt(f['rps'])} | {fmt(ratio, 3)} |",
-                  f"| Locust CPU ms/req | {fmt(o['locust_ms_per_req'], 3)} | {fmt(f['locust_ms_per_req'], 3)} | {fmt(cpu, 2)} |",
-                  f"| server CPU ms/req | {fmt(o['server_ms_per_req'], 3)} | {fmt(f['server_ms_per_req'], 3)} | |",
-                  f"| Locust CPU (cores) | {fmt(o['locust_cores'], 2)} | {fmt(f['locust_cores'], 2)} | |"]
+        cpu = (
+            o["locust_ms_per_req"] / f["locust_ms_per_req"]
+            if o["locust_ms_per_req"] and f["locust_ms_per_req"]
+            else None
+        )
+        lines += [
+            "",
+            "| medians | ours | fasthttp | ours / fasthttp |",
+            "|---|---:|---:|---:|",
+            f"| req/s | {fmt(o['rps'])} | {fmt(f['rps'])} | {fmt(ratio, 3)} |",
+            f"| Locust CPU ms/req | {fmt(o['locust_ms_per_req'], 3)} | {fmt(f['locust_ms_per_req'], 3)} | {fmt(cpu, 2)} |",
+            f"| server CPU ms/req | {fmt(o['server_ms_per_req'], 3)} | {fmt(f['server_ms_per_req'], 3)} | |",
+            f"| Locust CPU (cores) | {fmt(o['locust_cores'], 2)} | {fmt(f['locust_cores'], 2)} | |",
+        ]
     rec = report.get("records") or []
     if rec:
         lines += ["", "Records written by our users, and the leak scan over them (driver side, timed here):", ""]
@@ -373,21 +432,27 @@ def markdown(report: dict[str, Any]) -> str:
             if not r.get("records"):
                 lines.append(f"- ours run {n}: no records")
                 continue
-            lines.append(f"- ours run {n}: {r['records']:,} records {r['outcomes']}; {r['own_marker_back']:,} of "
-                         f"{r['with_text']:,} replies carry their own head marker back, {r['other_markers']} other markers; "
-                         f"scan {r['scan_us_per_request']:.1f} µs per request ({r['text_bytes'] / max(1, r['records']):.0f} "
-                         f"chars of reply each)")
+            lines.append(
+                f"- ours run {n}: {r['records']:,} records {r['outcomes']}; {r['own_marker_back']:,} of "
+                f"{r['with_text']:,} replies carry their own head marker back, {r['other_markers']} other markers; "
+                f"scan {r['scan_us_per_request']:.1f} µs per request ({r['text_bytes'] / max(1, r['records']):.0f} "
+                f"chars of reply each)"
+            )
     parts = report.get("breakdown")
     if parts:
         common = sum(v for k, v in parts.items() if not k.startswith("parse"))
         streamed = common + next(v for k, v in parts.items() if k.startswith("parse streamed"))
-        lines += ["", "Our users' in-process work per request with no network (µs, one core, timed here): "
-                  + ", ".join(f"{k} {v:.0f}" for k, v in parts.items())
-                  + f"; a streamed request {streamed:.0f}, a whole one {common + parts['parse whole reply']:.0f}."]
+        lines += [
+            "",
+            "Our users' in-process work per request with no network (µs, one core, timed here): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in parts.items())
+            + f"; a streamed request {streamed:.0f}, a whole one {common + parts['parse whole reply']:.0f}.",
+        ]
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------- main ----
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -409,12 +474,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from chaos.oracles.canary import new_run_prefix
-    from loadprofiles.config import CONFIG_ENV, LoadConfig, ShapeSpec, TargetFacts
+    from chaos.markers import new_run_prefix
+    from chaos.targets.discovery import TargetFacts
+    from loadprofiles.config import CONFIG_ENV, LoadConfig, ShapeSpec
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    report: dict[str, Any] = {"machine": machine(), "users": args.users, "duration": args.duration,
-                              "rounds": args.rounds, "pin": args.pin, "runs": [], "records": []}
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "users": args.users,
+        "duration": args.duration,
+        "rounds": args.rounds,
+        "pin": args.pin,
+        "runs": [],
+        "records": [],
+    }
     children: list[subprocess.Popen[str]] = []
     tmp = Path(tempfile.mkdtemp(prefix="locust_users-"))
 
@@ -425,9 +498,22 @@ def main(argv: list[str] | None = None) -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(tmp / "server.log", "w") as server_log:
-        server = subprocess.Popen([sys.executable, str(HERE / "sse_server.py"), "--port", str(port), "--echo-chars",
-                                   str(args.echo_chars), "--chunks", str(args.chunks)], cwd=REPO,
-                                  start_new_session=True, stdout=subprocess.DEVNULL, stderr=server_log)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "sse_server.py"),
+                "--port",
+                str(port),
+                "--echo-chars",
+                str(args.echo_chars),
+                "--chunks",
+                str(args.chunks),
+            ],
+            cwd=REPO,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=server_log,
+        )
     children.append(server)
     try:
         if args.pin:
@@ -445,28 +531,67 @@ def main(argv: list[str] | None = None) -> int:
         base_env = {k: v for k, v in os.environ.items() if k not in (CONFIG_ENV, BODIES_ENV)}
         order: list[str] = []
         for round_no in range(args.rounds):
-            for variant in (variants if round_no % 2 == 0 else list(reversed(variants))):
+            for variant in variants if round_no % 2 == 0 else list(reversed(variants)):
                 order.append(variant)
                 if variant == "ours":
                     records = tmp / f"records-{round_no}.jsonl"
-                    config = LoadConfig(run_prefix=new_run_prefix(), target_url=url, records_path=str(records),
-                                        facts=TargetFacts(), mix={"canary_chat": 1.0},
-                                        shape=ShapeSpec(kind="steady", duration_s=args.duration, users=args.users,
-                                                        spawn_rate=float(args.users)),
-                                        max_tokens=args.max_tokens, think_time_s=(0.0, 0.0), seed=args.seed,
-                                        index_base=10_000)
-                    argv_ = [sys.executable, "-m", "locust", "--headless", "-f", "loadprofiles/locustfile.py",
-                             "--json", "--only-summary", "--skip-log", "--host", url]
+                    config = LoadConfig(
+                        run_prefix=new_run_prefix(),
+                        target_url=url,
+                        records_path=str(records),
+                        facts=TargetFacts(),
+                        mix={"canary_chat": 1.0},
+                        shape=ShapeSpec(
+                            kind="steady", duration_s=args.duration, users=args.users, spawn_rate=float(args.users)
+                        ),
+                        max_tokens=args.max_tokens,
+                        think_time_s=(0.0, 0.0),
+                        seed=args.seed,
+                        index_base=10_000,
+                    )
+                    argv_ = [
+                        sys.executable,
+                        "-m",
+                        "locust",
+                        "--headless",
+                        "-f",
+                        "loadprofiles/locustfile.py",
+                        "--json",
+                        "--only-summary",
+                        "--skip-log",
+                        "--host",
+                        url,
+                    ]
                     env = {**base_env, CONFIG_ENV: config.to_json()}
                 else:
-                    argv_ = [sys.executable, "-m", "locust", "--headless", "-f", str(HERE / "locust_users.py"),
-                             "--users", str(args.users), "--spawn-rate", str(args.users), "--run-time",
-                             f"{args.duration:g}s", "--json", "--only-summary", "--skip-log", "--host", url]
+                    argv_ = [
+                        sys.executable,
+                        "-m",
+                        "locust",
+                        "--headless",
+                        "-f",
+                        str(HERE / "locust_users.py"),
+                        "--users",
+                        str(args.users),
+                        "--spawn-rate",
+                        str(args.users),
+                        "--run-time",
+                        f"{args.duration:g}s",
+                        "--json",
+                        "--only-summary",
+                        "--skip-log",
+                        "--host",
+                        url,
+                    ]
                     env = {**base_env, BODIES_ENV: str(bodies)}
                 result = run_locust(variant, round_no, argv_, env, args.duration, server.pid, args.pin, children)
                 report["runs"].append(result.__dict__)
-                print(f"[locust_users] round {round_no + 1} {variant}: {result.rps:,.1f} req/s, "
-                      f"{result.requests:,} requests, {result.failures} failures, rc {result.rc}", file=sys.stderr, flush=True)
+                print(
+                    f"[locust_users] round {round_no + 1} {variant}: {result.rps:,.1f} req/s, "
+                    f"{result.requests:,} requests, {result.failures} failures, rc {result.rc}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if variant == "ours":
                     report["records"].append(check_records(records) if records.exists() else {"records": 0})
         report["order"] = order

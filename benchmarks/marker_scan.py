@@ -50,7 +50,7 @@ try:
 except ImportError:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from chaos.oracles.canary import ALPHABET, HitKind, MarkerCodec
+from chaos.markers import ALPHABET, HitKind, MarkerCodec
 
 RUN_PREFIX = "K7QX"
 FOREIGN_PREFIX = "9ZM3"
@@ -64,18 +64,44 @@ _WORDS = (
     "result error retry timeout node cluster pool thread process buffer offset index length "
     "first second third last next before after because however therefore also each every other"
 ).split()
-_PROPER = ["GPU", "KV", "HTTP", "API", "JSON", "SGLang", "NVIDIA", "CUDA", "UTC", "TCP", "RDMA", "LLM",
-           "Linux", "Python", "Monday", "London", "OK", "ID", "US", "EU", "FAQ", "TTFT", "P99"]
+_PROPER = [
+    "GPU",
+    "KV",
+    "HTTP",
+    "API",
+    "JSON",
+    "SGLang",
+    "NVIDIA",
+    "CUDA",
+    "UTC",
+    "TCP",
+    "RDMA",
+    "LLM",
+    "Linux",
+    "Python",
+    "Monday",
+    "London",
+    "OK",
+    "ID",
+    "US",
+    "EU",
+    "FAQ",
+    "TTFT",
+    "P99",
+]
 _CODE = [
-    ("```python\ndef handle(request):\n    if request.rid in self.pending:\n        return self.pending[request.rid]\n"
-     "    return None\n```\n"),
-    "```bash\ncurl -s http://127.0.0.1:30000/generate -d '{\"text\": \"hello\", \"sampling_params\": {}}'\n```\n",
-    "```json\n{\"status\": \"ok\", \"pages\": [12, 13, 14], \"latency_ms\": 41.7}\n```\n",
+    (
+        "```python\ndef handle(request):\n    if request.rid in self.pending:\n        return self.pending[request.rid]\n"
+        "    return None\n```\n"
+    ),
+    '```bash\ncurl -s http://127.0.0.1:30000/generate -d \'{"text": "hello", "sampling_params": {}}\'\n```\n',
+    '```json\n{"status": "ok", "pages": [12, 13, 14], "latency_ms": 41.7}\n```\n',
     "| field | value |\n|---|---|\n| page_size | 16 |\n| max_total_tokens | 4096 |\n",
 ]
 
 
 # ------------------------------------------------------------------------------- corpus ----
+
 
 def in_flight_marker(codec: MarkerCodec, k: int) -> str:
     """The k-th marker in flight: request k // 2, slot k % 2."""
@@ -126,8 +152,9 @@ class Corpus:
     joined: str = ""
 
 
-def build_corpus(codec: MarkerCodec, foreign: MarkerCodec, in_flight: int, target_bytes: int, seed: int,
-                 *, markers: bool = True) -> Corpus:
+def build_corpus(
+    codec: MarkerCodec, foreign: MarkerCodec, in_flight: int, target_bytes: int, seed: int, *, markers: bool = True
+) -> Corpus:
     """Responses of model-like text; markers from the `in_flight` markers of this run.
 
     The same seed gives the same texts, lengths and marker positions for every `in_flight`:
@@ -155,7 +182,7 @@ def build_corpus(codec: MarkerCodec, foreign: MarkerCodec, in_flight: int, targe
             corpus.embedded.update((head, tail))
         if rng.random() < 0.02:  # a KV page cut through another request's marker
             other = codec.marker(pick.randrange(requests), pick.randrange(SLOTS))
-            piece = other[: rng.randint(7, 16)] if rng.random() < 0.5 else other[rng.randint(1, 3):]
+            piece = other[: rng.randint(7, 16)] if rng.random() < 0.5 else other[rng.randint(1, 3) :]
             cut = rng.randrange(len(body))
             body = body[:cut] + piece + body[cut:]
             corpus.fragments += 1
@@ -171,6 +198,7 @@ def build_corpus(codec: MarkerCodec, foreign: MarkerCodec, in_flight: int, targe
 
 
 # ------------------------------------------------------------------------------ methods ----
+
 
 def scan_responses(codec: MarkerCodec, texts: Sequence[str]) -> int:
     hits = 0
@@ -234,17 +262,27 @@ class Row:
     def summary(self, mb: float) -> dict[str, Any]:
         scan, naive = statistics.median(self.scan_s), statistics.median(self.naive_s)
         return {
-            "unit": self.unit, "markers_in_flight": self.in_flight, "naive_markers_timed": self.sample,
-            "extrapolated": self.sample < self.in_flight, "scan_s": scan, "naive_s": naive,
-            "scan_mb_s": mb / scan, "naive_mb_s": mb / naive, "scan_over_naive": naive / scan,
+            "unit": self.unit,
+            "markers_in_flight": self.in_flight,
+            "naive_markers_timed": self.sample,
+            "extrapolated": self.sample < self.in_flight,
+            "scan_s": scan,
+            "naive_s": naive,
+            "scan_mb_s": mb / scan,
+            "naive_mb_s": mb / naive,
+            "scan_over_naive": naive / scan,
             "scan_mb_s_range": [mb / max(self.scan_s), mb / min(self.scan_s)],
             "naive_mb_s_range": [mb / max(self.naive_s), mb / min(self.naive_s)],
-            "mb": mb, "scan_hits": self.scan_hits, "methods_agree": self.agree, "sample_found": self.sample_found,
+            "mb": mb,
+            "scan_hits": self.scan_hits,
+            "methods_agree": self.agree,
+            "sample_found": self.sample_found,
         }
 
 
-def measure(codec: MarkerCodec, corpus: Corpus, in_flight: int, unit: str, reps: int, budget_s: float,
-            rng: random.Random) -> Row:
+def measure(
+    codec: MarkerCodec, corpus: Corpus, in_flight: int, unit: str, reps: int, budget_s: float, rng: random.Random
+) -> Row:
     texts: list[str] = corpus.responses if unit == "response" else [corpus.joined]
 
     def naive(markers: Sequence[str]) -> int:
@@ -280,12 +318,16 @@ def measure_clean(codec: MarkerCodec, corpus: Corpus, units: Sequence[str], reps
     for unit in units:
         texts = corpus.responses if unit == "response" else [corpus.joined]
         runs = [timed(lambda texts=texts: scan_responses(codec, texts))[0] for _ in range(reps)]
-        out[unit] = {"scan_mb_s": mb / statistics.median(runs), "range": [mb / max(runs), mb / min(runs)],
-                     "hits": scan_responses(codec, texts)}
+        out[unit] = {
+            "scan_mb_s": mb / statistics.median(runs),
+            "range": [mb / max(runs), mb / min(runs)],
+            "hits": scan_responses(codec, texts),
+        }
     return out
 
 
 # ------------------------------------------------------------------------------- output ----
+
 
 def machine() -> dict[str, Any]:
     model = "unknown"
@@ -297,8 +339,13 @@ def machine() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    return {"nproc": len(os.sched_getaffinity(0)), "cpu_model": model, "kernel": platform.release(),
-            "python": platform.python_version(), "loadavg": list(os.getloadavg())}
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg": list(os.getloadavg()),
+    }
 
 
 def fmt(value: float) -> str:
@@ -315,10 +362,14 @@ def markdown(report: dict[str, Any]) -> str:
     m, c = report["machine"], report["corpus"]
     lines = [
         f"- machine: {m['nproc']} usable CPUs, {m['cpu_model']}; Linux {m['kernel']}, Python {m['python']}",
-        (f"- load average at start {' '.join(f'{x:.2f}' for x in m['loadavg'])}, "
-         f"at end {' '.join(f'{x:.2f}' for x in report['loadavg_end'])}"),
-        (f"- corpus: {c['mb']:.2f} MB in {c['responses']:,} responses (median {c['median_chars']:,} chars); per count "
-         f"{c['embedded_whole']:,} whole markers of this run, {c['fragments']} fragments, {c['foreign']} other-run markers"),
+        (
+            f"- load average at start {' '.join(f'{x:.2f}' for x in m['loadavg'])}, "
+            f"at end {' '.join(f'{x:.2f}' for x in report['loadavg_end'])}"
+        ),
+        (
+            f"- corpus: {c['mb']:.2f} MB in {c['responses']:,} responses (median {c['median_chars']:,} chars); per count "
+            f"{c['embedded_whole']:,} whole markers of this run, {c['fragments']} fragments, {c['foreign']} other-run markers"
+        ),
         f"- {report['reps']} repetitions, medians; scan and naive alternate within each repetition",
         "- methods agree: on the timed markers plus 50 markers known to be in the corpus, both find the same whole markers in every response",
         "",
@@ -327,24 +378,43 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for r in report["rows"]:
         timed_note = f"{r['naive_markers_timed']:,}" + (" (extrapolated)" if r["extrapolated"] else " (all)")
-        agree = ("yes" if r["methods_agree"] else "**NO**") + f" ({r['sample_found']:,} found)" if r["unit"] == "response" else "–"
+        agree = (
+            ("yes" if r["methods_agree"] else "**NO**") + f" ({r['sample_found']:,} found)"
+            if r["unit"] == "response"
+            else "–"
+        )
         lines.append(
             f"| {r['markers_in_flight']:,} | {r['unit']} | {fmt(r['scan_mb_s'])} | {fmt(r['naive_mb_s'])} | "
             f"{fmt(r['scan_over_naive'])}× | {timed_note} | {r['scan_hits']:,} | {agree} |"
         )
     clean = report.get("clean")
     if clean:
-        lines += ["", f"The same prose with no markers at all ({clean['mb']:.2f} MB): the scan's two regex passes alone.", "",
-                  "| unit | scan MB/s (median) | range over repetitions | hits |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            f"The same prose with no markers at all ({clean['mb']:.2f} MB): the scan's two regex passes alone.",
+            "",
+            "| unit | scan MB/s (median) | range over repetitions | hits |",
+            "|---|---:|---:|---:|",
+        ]
         for unit in ("response", "joined"):
             if unit in clean:
                 c = clean[unit]
-                lines.append(f"| {unit} | {fmt(c['scan_mb_s'])} | {fmt(c['range'][0])}–{fmt(c['range'][1])} | {c['hits']} |")
-        per_hit = [(r["scan_s"] - r["mb"] / clean["response"]["scan_mb_s"]) / r["scan_hits"] * 1e6
-                   for r in report["rows"] if r["unit"] == "response" and r["scan_hits"] and "response" in clean]
+                lines.append(
+                    f"| {unit} | {fmt(c['scan_mb_s'])} | {fmt(c['range'][0])}–{fmt(c['range'][1])} | {c['hits']} |"
+                )
+        per_hit = [
+            (r["scan_s"] - r["mb"] / clean["response"]["scan_mb_s"]) / r["scan_hits"] * 1e6
+            for r in report["rows"]
+            if r["unit"] == "response" and r["scan_hits"] and "response" in clean
+        ]
         if per_hit:
-            lines += ["", (f"Per-response scan time above the marker-free pass, per hit reported: "
-                           f"{', '.join(f'{x:.0f}' for x in per_hit)} µs (by count in flight).")]
+            lines += [
+                "",
+                (
+                    f"Per-response scan time above the marker-free pass, per hit reported: "
+                    f"{', '.join(f'{x:.0f}' for x in per_hit)} µs (by count in flight)."
+                ),
+            ]
     return "\n".join(lines)
 
 
@@ -354,8 +424,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--counts", default="10,10000,1000000", help="markers in flight, comma-separated")
     p.add_argument("--units", default="response,joined", help="response (one call per response), joined (one string)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per cell; the table gives medians")
-    p.add_argument("--naive-budget", type=float, default=0.4,
-                   help="seconds one naive repetition may take; larger counts are sampled and extrapolated")
+    p.add_argument(
+        "--naive-budget",
+        type=float,
+        default=0.4,
+        help="seconds one naive repetition may take; larger counts are sampled and extrapolated",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the report here")
     return p.parse_args(argv)
@@ -378,13 +452,23 @@ def main(argv: list[str] | None = None) -> int:
         corpus = build_corpus(codec, foreign, count, int(args.mb * 1e6), args.seed)
         mb = corpus.bytes / 1e6
         lengths = sorted(len(t) for t in corpus.responses)
-        shape = {"mb": mb, "responses": len(corpus.responses), "median_chars": lengths[len(lengths) // 2],
-                 "embedded_whole": corpus.embedded_whole, "fragments": corpus.fragments, "foreign": corpus.foreign}
+        shape = {
+            "mb": mb,
+            "responses": len(corpus.responses),
+            "median_chars": lengths[len(lengths) // 2],
+            "embedded_whole": corpus.embedded_whole,
+            "fragments": corpus.fragments,
+            "foreign": corpus.foreign,
+        }
         for unit in units:
             row = measure(codec, corpus, count, unit, args.reps, args.naive_budget, rng).summary(mb)
             report["rows"].append(row)
-            print(f"[marker_scan] {count:>9,} in flight, {unit:8}: scan {fmt(row['scan_mb_s'])} MB/s, "
-                  f"naive {fmt(row['naive_mb_s'])} MB/s ({row['naive_markers_timed']:,} timed)", file=sys.stderr, flush=True)
+            print(
+                f"[marker_scan] {count:>9,} in flight, {unit:8}: scan {fmt(row['scan_mb_s'])} MB/s, "
+                f"naive {fmt(row['naive_mb_s'])} MB/s ({row['naive_markers_timed']:,} timed)",
+                file=sys.stderr,
+                flush=True,
+            )
     report["corpus"] = shape
     report["loadavg_end"] = list(os.getloadavg())
     print(markdown(report))

@@ -38,9 +38,11 @@ REPORT_FILES = ("report.html", "report.json", "junit.xml", "summary.md", "reprod
 # `pdchaos report` in a child that prints its own peak resident memory (kB) last, on stderr. VmHWM,
 # not getrusage: Linux carries a process's ru_maxrss across exec, so a child forked from this
 # process (which just wrote a big journal) would report this process's peak.
-CHILD = ("import re, sys\nfrom chaos.cli import main\ncode = main(sys.argv[1:])\n"
-         "status = open('/proc/self/status').read()\n"
-         "print(re.search(r'VmHWM:\\s+(\\d+)', status).group(1), file=sys.stderr)\nsys.exit(code)")
+CHILD = (
+    "import re, sys\nfrom chaos.cli import main\ncode = main(sys.argv[1:])\n"
+    "status = open('/proc/self/status').read()\n"
+    "print(re.search(r'VmHWM:\\s+(\\d+)', status).group(1), file=sys.stderr)\nsys.exit(code)"
+)
 
 
 def measure(size: int, work: Path) -> dict[str, Any]:
@@ -51,8 +53,13 @@ def measure(size: int, work: Path) -> dict[str, Any]:
     journal_bytes = sum(p.stat().st_size for p in run_dir.glob("journal.sqlite*"))
     out = work / f"report-{size}"
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", CHILD, "report", str(run_dir), "--out", str(out)],
-                            capture_output=True, text=True, cwd=REPO, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, "report", str(run_dir), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
     wall_s = time.perf_counter() - started
     if result.returncode != 0:
         raise SystemExit(f"pdchaos report failed on {size} requests:\n{result.stdout}\n{result.stderr}")
@@ -69,8 +76,11 @@ def measure(size: int, work: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
-                        help="journal sizes in requests, comma-separated (default %(default)s)")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(str(s) for s in DEFAULT_SIZES),
+        help="journal sizes in requests, comma-separated (default %(default)s)",
+    )
     parser.add_argument("--work", type=Path, help="where the journals go (default: a temporary directory)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
@@ -81,17 +91,25 @@ def main(argv: list[str] | None = None) -> int:
         rows = [measure(size, work) for size in sizes]
     base = rows[0]
     for row in rows:
-        row["per_request_vs_smallest"] = round((row["report_wall_s"] / row["requests"]) /
-                                               (base["report_wall_s"] / base["requests"]), 2)
+        row["per_request_vs_smallest"] = round(
+            (row["report_wall_s"] / row["requests"]) / (base["report_wall_s"] / base["requests"]), 2
+        )
     print("| requests | journal | report wall | peak memory | report.html | per request vs smallest |")
     print("|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         html = row["files_bytes"].get("report.html", 0)
-        print(f"| {row['requests']:,} | {row['journal_bytes'] / 2**20:,.0f} MiB | {row['report_wall_s']:.1f} s | "
-              f"{row['report_peak_rss_mb']} MiB | {html / 2**10:,.0f} KiB | {row['per_request_vs_smallest']}x |")
-    summary = {"rows": rows, "cpus": os.cpu_count(), "python": platform.python_version(),
-               "machine": platform.platform(), "loadavg_end": os.getloadavg()[0],
-               "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}
+        print(
+            f"| {row['requests']:,} | {row['journal_bytes'] / 2**20:,.0f} MiB | {row['report_wall_s']:.1f} s | "
+            f"{row['report_peak_rss_mb']} MiB | {html / 2**10:,.0f} KiB | {row['per_request_vs_smallest']}x |"
+        )
+    summary = {
+        "rows": rows,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.platform(),
+        "loadavg_end": os.getloadavg()[0],
+        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+    }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(summary, indent=2) + "\n")

@@ -73,6 +73,7 @@ REQUEST_TIMEOUT_S = 60.0
 
 # ------------------------------------------------------------------------------ machine ----
 
+
 def machine_info() -> dict[str, Any]:
     model = "unknown"
     try:
@@ -94,9 +95,13 @@ def machine_info() -> dict[str, Any]:
             return "?"
 
     return {
-        "nproc": usable, "cpu_count": os.cpu_count(), "cpu_model": model,
-        "kernel": platform.release(), "python": platform.python_version(),
-        "sglang_router": version("sglang-router"), "aiohttp": version("aiohttp"),
+        "nproc": usable,
+        "cpu_count": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "sglang_router": version("sglang-router"),
+        "aiohttp": version("aiohttp"),
         "loadavg_start": list(os.getloadavg()),
     }
 
@@ -112,7 +117,7 @@ def group_cpu_s(pgid: int) -> float:
                 raw = fh.read()
         except OSError:
             continue
-        fields = raw[raw.rfind(b")") + 2:].split()
+        fields = raw[raw.rfind(b")") + 2 :].split()
         if int(fields[2]) == pgid:
             total += int(fields[11]) + int(fields[12])
     return total / CLK_TCK
@@ -132,6 +137,7 @@ def self_cpu_s() -> float:
 
 
 # ------------------------------------------------------------------------------ targets ----
+
 
 @dataclass
 class Target:
@@ -161,7 +167,8 @@ class Deployments:
             ep = self.stack.up()
             self.router_argv = self.stack.procs["router"].argv
             self.targets["embedded"] = Target(
-                "embedded", ep.router_url,
+                "embedded",
+                ep.router_url,
                 {name: self.stack.procs[name].pgid for name in ("router", "prefill", "decode")},
                 "router -> embedded prefill + decode",
                 [self.stack.worker_url("prefill")],
@@ -174,8 +181,12 @@ class Deployments:
             proc = self._launch("null-worker", command_for(settings), env_for(settings.timeouts), "null/worker.log")
             wait_http_ok(f"http://{LOOPBACK}:{port}/health", 30, proc)
             self.targets["null-direct"] = Target(
-                "null-direct", f"http://{LOOPBACK}:{port}", {"worker": proc.pgid}, "embedded null-mode worker, no router",
-                [f"http://{LOOPBACK}:{port}"])
+                "null-direct",
+                f"http://{LOOPBACK}:{port}",
+                {"worker": proc.pgid},
+                "embedded null-mode worker, no router",
+                [f"http://{LOOPBACK}:{port}"],
+            )
         return {name: self.targets[name] for name in self.wanted}
 
     def _launch(self, name: str, argv: list[str], env: dict[str, str] | None, log: str) -> ManagedProcess:
@@ -188,31 +199,43 @@ class Deployments:
         urls = {role: f"http://{LOOPBACK}:{ports[role]}" for role in ("prefill", "decode")}
         stubs = {}
         for role in ("prefill", "decode"):
-            argv = [sys.executable, str(STUB), "--disaggregation-mode", role, "--port", str(ports[role]),
-                    "--disaggregation-bootstrap-port", str(ports["bootstrap"])]
+            argv = [
+                sys.executable,
+                str(STUB),
+                "--disaggregation-mode",
+                role,
+                "--port",
+                str(ports[role]),
+                "--disaggregation-bootstrap-port",
+                str(ports["bootstrap"]),
+            ]
             stubs[role] = self._launch(f"stub-{role}", argv, None, f"stub/{role}.log")
         for role in ("prefill", "decode"):
             wait_http_ok(urls[role] + "/health", 30, stubs[role])
         if "stub" in self.wanted:
             # The very argv SimStack builds, only with the stubs' addresses.
-            argv = router_command(RouterOptions(), ports["router"], ports["metrics"], urls["prefill"], ports["bootstrap"], urls["decode"])
+            argv = router_command(
+                RouterOptions(), ports["router"], ports["metrics"], urls["prefill"], ports["bootstrap"], urls["decode"]
+            )
             router = self._launch("stub-router", argv, ROUTER_ENV, "stub/router.log")
             router_url = f"http://{LOOPBACK}:{ports['router']}"
             wait_http_ok(router_url + "/readiness", 30, router)
             self.targets["stub"] = Target(
-                "stub", router_url,
+                "stub",
+                router_url,
                 {"router": router.pgid, "prefill": stubs["prefill"].pgid, "decode": stubs["decode"].pgid},
                 "same router command -> stub prefill + decode",
             )
         if "stub-direct" in self.wanted:
             self.targets["stub-direct"] = Target(
-                "stub-direct", urls["decode"], {"worker": stubs["decode"].pgid}, "stub decode worker, no router")
+                "stub-direct", urls["decode"], {"worker": stubs["decode"].pgid}, "stub decode worker, no router"
+            )
 
     def close(self) -> None:
         for proc in reversed(self.procs):
             try:
                 proc.stop()
-            except Exception as exc:  # noqa: BLE001 -- keep stopping the rest
+            except Exception as exc:  # keep stopping the rest
                 print(f"warning: stopping {proc.name}: {exc!r}", file=sys.stderr)
         self.procs = []
         if self.stack is not None:
@@ -221,6 +244,7 @@ class Deployments:
 
 
 # ------------------------------------------------------------------------- load generator ----
+
 
 class Prompts:
     """Unique prompts of exactly n tokens: three words carry a counter, the rest are fixed."""
@@ -248,10 +272,12 @@ class Prompts:
 
     def body(self) -> bytes:
         self.counter += 1
-        return json.dumps({
-            "text": self.text(self.counter),
-            "sampling_params": {"max_new_tokens": self.max_new_tokens, "temperature": 0},
-        }).encode()
+        return json.dumps(
+            {
+                "text": self.text(self.counter),
+                "sampling_params": {"max_new_tokens": self.max_new_tokens, "temperature": 0},
+            }
+        ).encode()
 
 
 @dataclass
@@ -265,8 +291,9 @@ class Slice:
     machine_busy: float = 0.0  # fraction of all CPUs
 
 
-async def closed_loop(session: aiohttp.ClientSession, url: str, clients: int, seconds: float,
-                      prompts: Prompts, record: bool) -> Slice:
+async def closed_loop(
+    session: aiohttp.ClientSession, url: str, clients: int, seconds: float, prompts: Prompts, record: bool
+) -> Slice:
     out = Slice(seconds=seconds)
     deadline = time.perf_counter() + seconds
     headers = {"Content-Type": "application/json"}
@@ -281,7 +308,7 @@ async def closed_loop(session: aiohttp.ClientSession, url: str, clients: int, se
                     data = await resp.read()
                     if resp.status != 200:
                         err = f"HTTP {resp.status}: {data[:200]!r}"
-            except Exception as exc:  # noqa: BLE001 -- counted, the loop goes on
+            except Exception as exc:  # counted, the loop goes on
                 err = f"{type(exc).__name__}: {exc}"
             ended = time.perf_counter()
             if not record or ended > deadline:
@@ -348,10 +375,16 @@ async def fill_caches(targets: dict[str, Target], prompts: Prompts, timeout_s: f
 
     async def fill(name: str, t: Target) -> None:
         connector = aiohttp.TCPConnector(limit=32)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as session:
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+        ) as session:
             while not await full(session, t):
                 if time.perf_counter() - started > timeout_s:
-                    out[name] = {"full": False, "requests": served[name], "seconds": round(time.perf_counter() - started, 1)}
+                    out[name] = {
+                        "full": False,
+                        "requests": served[name],
+                        "seconds": round(time.perf_counter() - started, 1),
+                    }
                     return
                 s = await closed_loop(session, t.url + "/generate", 32, 2.0, prompts, record=True)
                 served[name] += s.ok + s.errors
@@ -366,8 +399,9 @@ async def sanity_check(targets: dict[str, Target], max_new_tokens: int, prompts:
     notes = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as session:
         for name, target in targets.items():
-            async with session.post(target.url + "/generate", data=prompts.body(),
-                                    headers={"Content-Type": "application/json"}) as resp:
+            async with session.post(
+                target.url + "/generate", data=prompts.body(), headers={"Content-Type": "application/json"}
+            ) as resp:
                 text = await resp.text()
                 if resp.status != 200:
                     raise RuntimeError(f"{name}: sanity request got HTTP {resp.status}: {text[:300]}")
@@ -394,6 +428,7 @@ async def idle_probe(targets: dict[str, Target], seconds: float) -> dict[str, An
 
 # ------------------------------------------------------------------------------ results ----
 
+
 def percentile(sorted_values: list[float], q: float) -> float | None:
     if not sorted_values:
         return None
@@ -411,7 +446,9 @@ def summarize(slices: list[Slice]) -> dict[str, Any]:
             cpu[name] = cpu.get(name, 0.0) + value
     done = ok + sum(s.errors for s in slices)
     return {
-        "requests_ok": ok, "errors": sum(s.errors for s in slices), "seconds": seconds,
+        "requests_ok": ok,
+        "errors": sum(s.errors for s in slices),
+        "seconds": seconds,
         "rps": ok / seconds if seconds else 0.0,
         "p50_ms": None if not lat else 1000 * percentile(lat, 50),
         "p99_ms": None if not lat else 1000 * percentile(lat, 99),
@@ -439,15 +476,23 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "## Router throughput: embedded engine vs stub workers",
         "",
-        (f"- machine: {m['nproc']} usable CPUs (`nproc`), {m['cpu_model']}; Linux {m['kernel']}, Python {m['python']}, "
-        f"sglang-router {m['sglang_router']}, aiohttp {m['aiohttp']}"),
-        (f"- load average at start {' '.join(f'{x:.2f}' for x in m['loadavg_start'])}, "
-        f"at end {' '.join(f'{x:.2f}' for x in m['loadavg_end'])}"),
-        (f"- load: closed loop, `/generate`, {p['prompt_tokens']}-token unique prompts, max_new_tokens {p['max_new_tokens']}, "
-        f"temperature 0; {p['duration_s']:g} s per target and concurrency in {p['rounds']} interleaved slices "
-        f"(+{p['warmup_s']:g} s discarded warm-up each)"),
-        (f"- engine speeds: decode step {p['decode_step_ms']:g} ms, prefill {p['prefill_tokens_per_s']:g} tok/s, "
-        f"KV transfer {p['transfer_tokens_per_s']:g} tok/s"),
+        (
+            f"- machine: {m['nproc']} usable CPUs (`nproc`), {m['cpu_model']}; Linux {m['kernel']}, Python {m['python']}, "
+            f"sglang-router {m['sglang_router']}, aiohttp {m['aiohttp']}"
+        ),
+        (
+            f"- load average at start {' '.join(f'{x:.2f}' for x in m['loadavg_start'])}, "
+            f"at end {' '.join(f'{x:.2f}' for x in m['loadavg_end'])}"
+        ),
+        (
+            f"- load: closed loop, `/generate`, {p['prompt_tokens']}-token unique prompts, max_new_tokens {p['max_new_tokens']}, "
+            f"temperature 0; {p['duration_s']:g} s per target and concurrency in {p['rounds']} interleaved slices "
+            f"(+{p['warmup_s']:g} s discarded warm-up each)"
+        ),
+        (
+            f"- engine speeds: decode step {p['decode_step_ms']:g} ms, prefill {p['prefill_tokens_per_s']:g} tok/s, "
+            f"KV transfer {p['transfer_tokens_per_s']:g} tok/s"
+        ),
         f"- command: `{report['command']}`",
     ]
     idle = report.get("idle")
@@ -459,15 +504,24 @@ def markdown(report: dict[str, Any]) -> str:
             f"these deployments {100 * total / max(1, m['nproc']):.0f}% (cores: {busiest}); the rest is other tenants"
         )
     if report.get("cache_fill"):
-        lines.append("- before measuring, KV pools filled with cached prefixes (steady state): " + ", ".join(
-            f"{k} {'full' if v['full'] else 'NOT full'} after {v['requests']} requests" for k, v in report["cache_fill"].items())
-            + f" ({max(v['seconds'] for v in report['cache_fill'].values()):g} s)")
+        lines.append(
+            "- before measuring, KV pools filled with cached prefixes (steady state): "
+            + ", ".join(
+                f"{k} {'full' if v['full'] else 'NOT full'} after {v['requests']} requests"
+                for k, v in report["cache_fill"].items()
+            )
+            + f" ({max(v['seconds'] for v in report['cache_fill'].values()):g} s)"
+        )
     elif report["params"].get("fill_timeout_s") == 0:
-        lines.append("- cold engines: prefix caches not filled first (--fill-timeout 0); embedded rows drift slower as caches grow")
+        lines.append(
+            "- cold engines: prefix caches not filled first (--fill-timeout 0); embedded rows drift slower as caches grow"
+        )
     lines += [
         "",
-        ("| clients | target | req/s | p50 ms | p99 ms | errors | router CPU ms/req | prefill/worker CPU ms/req "
-        "| decode CPU ms/req | client CPU ms/req | all CPU ms/req | machine busy (this target + client) |"),
+        (
+            "| clients | target | req/s | p50 ms | p99 ms | errors | router CPU ms/req | prefill/worker CPU ms/req "
+            "| decode CPU ms/req | client CPU ms/req | all CPU ms/req | machine busy (this target + client) |"
+        ),
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
@@ -483,12 +537,16 @@ def markdown(report: dict[str, Any]) -> str:
             "",
             "Ratios measured side by side in this run (embedded / stub, both through the same router command):",
             "",
-            ("| clients | req/s embedded/stub | p50 embedded/stub | p99 embedded/stub "
-             "| all CPU per request stub/embedded | req/s embedded/null-direct |"),
+            (
+                "| clients | req/s embedded/stub | p50 embedded/stub | p99 embedded/stub "
+                "| all CPU per request stub/embedded | req/s embedded/null-direct |"
+            ),
             "|---:|---:|---:|---:|---:|---:|",
         ]
         for r in report["ratios"]:
-            lines.append(f"| {r['concurrency']} | {fmt(r['rps'], 3)} | {fmt(r['p50'], 2)} | {fmt(r['p99'], 2)} | {fmt(r['cpu'], 3)} | {fmt(r.get('rps_vs_null'), 3)} |")
+            lines.append(
+                f"| {r['concurrency']} | {fmt(r['rps'], 3)} | {fmt(r['p50'], 2)} | {fmt(r['p99'], 2)} | {fmt(r['cpu'], 3)} | {fmt(r.get('rps_vs_null'), 3)} |"
+            )
     lines += ["", "Sanity request per target: " + "; ".join(f"{k}: {v}" for k, v in report["sanity"].items())]
     if report["log_findings"]:
         lines += ["", "Log lines at WARN/ERROR level after the run:"]
@@ -510,8 +568,13 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         def div(a: float | None, b: float | None) -> float | None:
             return None if a is None or not b else a / b
 
-        row = {"concurrency": c, "rps": div(emb["rps"], stub["rps"]), "p50": div(emb["p50_ms"], stub["p50_ms"]),
-               "p99": div(emb["p99_ms"], stub["p99_ms"]), "cpu": div(total_cpu(stub), total_cpu(emb))}
+        row = {
+            "concurrency": c,
+            "rps": div(emb["rps"], stub["rps"]),
+            "p50": div(emb["p50_ms"], stub["p50_ms"]),
+            "p99": div(emb["p99_ms"], stub["p99_ms"]),
+            "cpu": div(total_cpu(stub), total_cpu(emb)),
+        }
         if null:
             row["rps_vs_null"] = div(emb["rps"], null["rps"])
         out.append(row)
@@ -545,27 +608,47 @@ def log_findings(run_dir: Path) -> dict[str, str]:
 
 # --------------------------------------------------------------------------------- main ----
 
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     d = WorkerSettings()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated client counts (default 1,8,32)")
-    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per target and concurrency (default 10)")
+    p.add_argument(
+        "--duration", type=float, default=10.0, help="measured seconds per target and concurrency (default 10)"
+    )
     p.add_argument("--rounds", type=int, default=2, help="interleaved slices the duration is split into (default 2)")
     p.add_argument("--warmup", type=float, default=0.5, help="discarded seconds before each slice (default 0.5)")
-    p.add_argument("--idle-probe", type=float, default=3.0,
-                   help="seconds of no load first, to see idle CPU and other tenants' load (default 3; 0: skip)")
-    p.add_argument("--fill-timeout", type=float, default=60.0,
-                   help="first drive the embedded engines until their prefix caches fill the KV pool, for at most "
-                        "this many seconds (default 60; 0: measure cold engines)")
-    p.add_argument("--targets", default=",".join(ALL_TARGETS), help=f"comma-separated subset of {','.join(ALL_TARGETS)}")
+    p.add_argument(
+        "--idle-probe",
+        type=float,
+        default=3.0,
+        help="seconds of no load first, to see idle CPU and other tenants' load (default 3; 0: skip)",
+    )
+    p.add_argument(
+        "--fill-timeout",
+        type=float,
+        default=60.0,
+        help="first drive the embedded engines until their prefix caches fill the KV pool, for at most "
+        "this many seconds (default 60; 0: measure cold engines)",
+    )
+    p.add_argument(
+        "--targets", default=",".join(ALL_TARGETS), help=f"comma-separated subset of {','.join(ALL_TARGETS)}"
+    )
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=8)
-    p.add_argument("--decode-step-ms", type=float, default=d.decode_step_s * 1000,
-                   help=f"embedded engine's simulated decode step (default {d.decode_step_s * 1000:g})")
+    p.add_argument(
+        "--decode-step-ms",
+        type=float,
+        default=d.decode_step_s * 1000,
+        help=f"embedded engine's simulated decode step (default {d.decode_step_s * 1000:g})",
+    )
     p.add_argument("--prefill-tokens-per-s", type=float, default=d.prefill_tokens_per_s)
     p.add_argument("--transfer-tokens-per-s", type=float, default=d.transfer_tokens_per_s)
-    p.add_argument("--zero-sim-time", action="store_true",
-                   help="no simulated GPU time (decode step 0, prefill/transfer 1e12 tok/s): CPU cost only")
+    p.add_argument(
+        "--zero-sim-time",
+        action="store_true",
+        help="no simulated GPU time (decode step 0, prefill/transfer 1e12 tok/s): CPU cost only",
+    )
     p.add_argument("--run-dir", type=Path, default=None, help="logs go here (default runs/router_throughput-<time>)")
     p.add_argument("--json", dest="json_path", default=None, help="also write the results as JSON here ('-': stdout)")
     args = p.parse_args(argv)
@@ -588,14 +671,23 @@ async def run_all(args: argparse.Namespace, targets: dict[str, Target], prompts:
     for clients in args.concurrency_levels:
         slices: dict[str, list[Slice]] = {name: [] for name in order}
         for rnd in range(args.rounds):
-            for name in (order if rnd % 2 == 0 else list(reversed(order))):
+            for name in order if rnd % 2 == 0 else list(reversed(order)):
                 s = await measure_slice(targets[name], clients, slice_s, args.warmup, prompts)
                 slices[name].append(s)
-                print(f"  clients={clients:<3} round={rnd + 1} {name:<12} {s.ok / s.seconds:8.1f} req/s  errors={s.errors}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  clients={clients:<3} round={rnd + 1} {name:<12} {s.ok / s.seconds:8.1f} req/s  errors={s.errors}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         for name in order:
-            results.append({"concurrency": clients, "target": name, "description": targets[name].description,
-                            **summarize(slices[name])})
+            results.append(
+                {
+                    "concurrency": clients,
+                    "target": name,
+                    "description": targets[name].description,
+                    **summarize(slices[name]),
+                }
+            )
     return results
 
 
@@ -608,8 +700,12 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     run_dir = (args.run_dir or REPO / "runs" / f"router_throughput-{stamp}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    worker = replace(WorkerSettings(), decode_step_s=args.decode_step_ms / 1000.0,
-                     prefill_tokens_per_s=args.prefill_tokens_per_s, transfer_tokens_per_s=args.transfer_tokens_per_s)
+    worker = replace(
+        WorkerSettings(),
+        decode_step_s=args.decode_step_ms / 1000.0,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        transfer_tokens_per_s=args.transfer_tokens_per_s,
+    )
     prompts = Prompts(args.prompt_tokens, args.max_new_tokens)
     info = machine_info()
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -622,7 +718,11 @@ def main(argv: list[str] | None = None) -> int:
         idle = asyncio.run(idle_probe(targets, args.idle_probe)) if args.idle_probe > 0 else None
         filled: dict[str, Any] = {}
         if args.fill_timeout > 0:
-            print("filling the embedded engines' KV pools with cached prefixes (steady state)", file=sys.stderr, flush=True)
+            print(
+                "filling the embedded engines' KV pools with cached prefixes (steady state)",
+                file=sys.stderr,
+                flush=True,
+            )
             filled = asyncio.run(fill_caches(targets, prompts, args.fill_timeout))
         results = asyncio.run(run_all(args, targets, prompts))
     except KeyboardInterrupt:
@@ -639,13 +739,22 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "machine": info,
         "params": {
-            "concurrency": args.concurrency_levels, "duration_s": args.duration, "rounds": args.rounds,
-            "warmup_s": args.warmup, "prompt_tokens": args.prompt_tokens, "max_new_tokens": args.max_new_tokens,
-            "decode_step_ms": args.decode_step_ms, "prefill_tokens_per_s": args.prefill_tokens_per_s,
-            "transfer_tokens_per_s": args.transfer_tokens_per_s, "targets": args.target_list,
+            "concurrency": args.concurrency_levels,
+            "duration_s": args.duration,
+            "rounds": args.rounds,
+            "warmup_s": args.warmup,
+            "prompt_tokens": args.prompt_tokens,
+            "max_new_tokens": args.max_new_tokens,
+            "decode_step_ms": args.decode_step_ms,
+            "prefill_tokens_per_s": args.prefill_tokens_per_s,
+            "transfer_tokens_per_s": args.transfer_tokens_per_s,
+            "targets": args.target_list,
             "fill_timeout_s": args.fill_timeout,
         },
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "benchmarks/router_throughput.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(
+            shlex.quote(a)
+            for a in [".venv/bin/python", "benchmarks/router_throughput.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "router_argv": deployments.router_argv,
         "run_dir": str(run_dir),
         "wall_s": round(time.monotonic() - started, 1),

@@ -32,7 +32,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from chaos.campaign import load_campaign  # noqa: E402
+from chaos.campaign_validation import load_campaign  # noqa: E402
 from chaos.process import free_port  # noqa: E402
 from chaos.targets.sglang.stack import SGLangStack  # noqa: E402
 
@@ -41,14 +41,26 @@ TIMEOUT_LINE = "timed out"  # decode: "Request ... timed out after 20.0s in KVPo
 
 
 def ask(front: str, tokens: int, timeout_s: float) -> dict[str, Any]:
-    body = {"input_ids": [100 + i % 1500 for i in range(tokens)], "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    body = {
+        "input_ids": [100 + i % 1500 for i in range(tokens)],
+        "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+    }
     started = time.monotonic()
     try:
         response = httpx.post(f"{front}/generate", json=body, timeout=timeout_s, trust_env=False)
-        return {"tokens": tokens, "status": response.status_code, "took_s": round(time.monotonic() - started, 2),
-                "body": response.text[:400]}
+        return {
+            "tokens": tokens,
+            "status": response.status_code,
+            "took_s": round(time.monotonic() - started, 2),
+            "body": response.text[:400],
+        }
     except httpx.HTTPError as exc:
-        return {"tokens": tokens, "status": None, "took_s": round(time.monotonic() - started, 2), "body": type(exc).__name__}
+        return {
+            "tokens": tokens,
+            "status": None,
+            "took_s": round(time.monotonic() - started, 2),
+            "body": type(exc).__name__,
+        }
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> float:
@@ -69,7 +81,12 @@ def through(name: str, front: str, stack: SGLangStack, timeout_s: float) -> dict
     band = ask(front, 1500, timeout_s)
     time.sleep(2)
     after = stack.logs("decode").count(TIMEOUT_LINE)
-    return {"front": name, "band": band, "decode_waiting_timeouts": after - before, "under_limits": ask(front, 500, 120)}
+    return {
+        "front": name,
+        "band": band,
+        "decode_waiting_timeouts": after - before,
+        "under_limits": ask(front, 500, 120),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,17 +104,34 @@ def main(argv: list[str] | None = None) -> int:
     smg_argv = [args.smg] if args.smg else [sys.executable, "-m", "smg"]
     version = subprocess.run([*smg_argv, "--version"], capture_output=True, text=True).stdout.strip()
     stack = SGLangStack(spec, args.out)
-    result: dict[str, Any] = {"campaign": str(CAMPAIGN.relative_to(ROOT)), "venv": spec.venv, "waiting_timeout_s": waiting,
-                              "smg": version}
+    result: dict[str, Any] = {
+        "campaign": str(CAMPAIGN.relative_to(ROOT)),
+        "venv": spec.venv,
+        "waiting_timeout_s": waiting,
+        "smg": version,
+    }
     stack.up()
     smg: subprocess.Popen[bytes] | None = None
     try:
         result["sglang_router"] = through("sglang-router", stack.router_url, stack, waiting + 60)
         port = free_port()
-        argv_smg = [*smg_argv, "launch", "--pd-disaggregation", "--host", "127.0.0.1", "--port", str(port),
-                    "--prefill", stack.worker_url("prefill"), str(stack.ports.bootstrap), "--decode", stack.worker_url("decode"),
-                    "--disable-retries", "--disable-circuit-breaker"]
-        result["smg_command"] = ["smg", *argv_smg[len(smg_argv):]]
+        argv_smg = [
+            *smg_argv,
+            "launch",
+            "--pd-disaggregation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--prefill",
+            stack.worker_url("prefill"),
+            str(stack.ports.bootstrap),
+            "--decode",
+            stack.worker_url("decode"),
+            "--disable-retries",
+            "--disable-circuit-breaker",
+        ]
+        result["smg_command"] = ["smg", *argv_smg[len(smg_argv) :]]
         with (args.out / "smg.log").open("wb") as log:
             smg = subprocess.Popen(argv_smg, stdout=log, stderr=subprocess.STDOUT)
             front = f"http://127.0.0.1:{port}"
@@ -112,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("sglang_router", "smg_run"):
         r = result.get(key)
         if r:
-            print(f"{r['front']}: band {r['band']['status']} in {r['band']['took_s']} s ({r['band']['body'][:120]!r}); "
-                  f"decode waiting timeouts {r['decode_waiting_timeouts']}; under both limits {r['under_limits']['status']}")
+            print(
+                f"{r['front']}: band {r['band']['status']} in {r['band']['took_s']} s ({r['band']['body'][:120]!r}); "
+                f"decode waiting timeouts {r['decode_waiting_timeouts']}; under both limits {r['under_limits']['status']}"
+            )
     return 0
 
 

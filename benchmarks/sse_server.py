@@ -42,7 +42,7 @@ def _prompt_of(body: dict[str, Any]) -> str:
 
 def _pieces(text: str, chunks: int) -> list[str]:
     size = max(1, -(-len(text) // chunks))
-    return [text[i:i + size] for i in range(0, len(text), size)] or [" "]
+    return [text[i : i + size] for i in range(0, len(text), size)] or [" "]
 
 
 def _data(obj: Any) -> bytes:
@@ -64,8 +64,11 @@ def build_app(echo_chars: int, chunks: int) -> web.Application:
         for n, piece in enumerate(pieces):
             text += piece
             last = n == len(pieces) - 1
-            meta = {"finish_reason": {"type": "length", "length": len(pieces)} if last else None, **usage,
-                    "completion_tokens": n + 1}
+            meta = {
+                "finish_reason": {"type": "length", "length": len(pieces)} if last else None,
+                **usage,
+                "completion_tokens": n + 1,
+            }
             await response.write(_data({"text": text, "meta_info": meta}))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -76,20 +79,32 @@ def build_app(echo_chars: int, chunks: int) -> web.Application:
         chat = request.path.endswith("/chat/completions")
         prompt = _prompt_of(body)
         pieces = _pieces(prompt[:echo_chars], chunks)
-        usage = {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(pieces), "total_tokens": 0,
-                 "prompt_tokens_details": {"cached_tokens": 0}}
+        usage = {
+            "prompt_tokens": len(prompt) // 4,
+            "completion_tokens": len(pieces),
+            "total_tokens": 0,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
         kind = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):
             text = "".join(pieces)
-            choice = {"index": 0, "finish_reason": "length",
-                      **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})}
-            return web.json_response({"id": "x", "object": kind, "model": body.get("model"), "choices": [choice], "usage": usage})
+            choice = {
+                "index": 0,
+                "finish_reason": "length",
+                **({"message": {"role": "assistant", "content": text}} if chat else {"text": text}),
+            }
+            return web.json_response(
+                {"id": "x", "object": kind, "model": body.get("model"), "choices": [choice], "usage": usage}
+            )
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
         for n, piece in enumerate(pieces):
             last = n == len(pieces) - 1
-            choice = {"index": 0, "finish_reason": "length" if last else None,
-                      **({"delta": {"content": piece}} if chat else {"text": piece})}
+            choice = {
+                "index": 0,
+                "finish_reason": "length" if last else None,
+                **({"delta": {"content": piece}} if chat else {"text": piece}),
+            }
             await response.write(_data({"id": "x", "object": kind + ".chunk", "choices": [choice]}))
         if (body.get("stream_options") or {}).get("include_usage"):
             await response.write(_data({"id": "x", "object": kind + ".chunk", "choices": [], "usage": usage}))

@@ -28,8 +28,11 @@ OUTPUT_IDS = [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python benchmarks/stub_worker.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/stub_worker.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--disaggregation-mode", choices=("prefill", "decode", "null"), default="null")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
@@ -42,22 +45,36 @@ def make_app(args: argparse.Namespace) -> web.Application:
     role = args.disaggregation_mode
     # Prefill's body is ignored by the router apart from its status; SGLang's prefill says length 0.
     n = 0 if role == "prefill" else len(OUTPUT_IDS)
-    generate_body = json.dumps({
-        "text": OUTPUT_TEXT if n else "",
-        "output_ids": OUTPUT_IDS[:n] if n else [OUTPUT_IDS[0]],
-        "meta_info": {
-            "id": "stub", "finish_reason": {"type": "length", "length": n}, "prompt_tokens": 16,
-            "completion_tokens": n, "cached_tokens": 0, "weight_version": "default",
-        },
-    }).encode()
+    generate_body = json.dumps(
+        {
+            "text": OUTPUT_TEXT if n else "",
+            "output_ids": OUTPUT_IDS[:n] if n else [OUTPUT_IDS[0]],
+            "meta_info": {
+                "id": "stub",
+                "finish_reason": {"type": "length", "length": n},
+                "prompt_tokens": 16,
+                "completion_tokens": n,
+                "cached_tokens": 0,
+                "weight_version": "default",
+            },
+        }
+    ).encode()
     server_info = {
-        "model_path": args.model_path, "served_model_name": args.model_path,
-        "tp_size": 1, "dp_size": 1, "pp_size": 1,
-        "disaggregation_mode": role, "disaggregation_bootstrap_port": args.disaggregation_bootstrap_port,
-        "status": "ready", "version": "pdchaos-stub",
+        "model_path": args.model_path,
+        "served_model_name": args.model_path,
+        "tp_size": 1,
+        "dp_size": 1,
+        "pp_size": 1,
+        "disaggregation_mode": role,
+        "disaggregation_bootstrap_port": args.disaggregation_bootstrap_port,
+        "status": "ready",
+        "version": "pdchaos-stub",
     }
     model_info = {"model_path": args.model_path, "tokenizer_path": args.model_path, "is_generation": True}
-    models = {"object": "list", "data": [{"id": args.model_path, "object": "model", "owned_by": "sglang", "root": args.model_path}]}
+    models = {
+        "object": "list",
+        "data": [{"id": args.model_path, "object": "model", "owned_by": "sglang", "root": args.model_path}],
+    }
 
     async def generate(request: web.Request) -> web.Response:
         await request.read()
@@ -69,6 +86,7 @@ def make_app(args: argparse.Namespace) -> web.Application:
     def fixed(payload: dict) -> object:
         async def handler(_: web.Request) -> web.Response:
             return web.json_response(payload)
+
         return handler
 
     app = web.Application()

@@ -9,6 +9,7 @@ node does.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -23,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from chaos.ray_session import connect_ray, disconnect_ray
 from loadprofiles.clock import ClockState, write_state
 from loadprofiles.config import CONFIG_ENV, LoadConfig
 
@@ -31,22 +33,30 @@ LOAD_RESOURCE = "pdchaos_load"
 ACTOR_CPUS = 0.25  # several actors fit on a 2-core machine
 POLL_MAX_LINES = 5000
 
-# Ray binds every socket to loopback only with this (by default it listens on *:PORT).
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-
 
 def _die_with_parent() -> None:
     """In the Locust child: get SIGTERM when the actor process dies, so no Locust is orphaned."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def locust_command(locustfile: Path, host: str) -> list[str]:
     # The shape class in the locustfile sets users and duration; --json prints the stats at exit.
-    return [sys.executable, "-m", "locust", "--headless", "-f", str(locustfile), "--host", host,
-            "--json", "--only-summary", "--skip-log", "--stop-timeout", "5"]
+    return [
+        sys.executable,
+        "-m",
+        "locust",
+        "--headless",
+        "-f",
+        str(locustfile),
+        "--host",
+        host,
+        "--json",
+        "--only-summary",
+        "--skip-log",
+        "--stop-timeout",
+        "5",
+    ]
 
 
 @dataclass
@@ -91,8 +101,13 @@ class LoadGenerator:
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
                 locust_command(self.locustfile, self.config.target_url),
-                stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True, preexec_fn=_die_with_parent, cwd=str(self.workdir),
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                cwd=str(self.workdir),
             )
         self._ps = psutil.Process(self.proc.pid)
         self._ps.cpu_percent(None)  # prime the CPU counter
@@ -175,23 +190,6 @@ def locust_request_count(stats: list[dict[str, Any]]) -> int:
     return sum(int(entry.get("num_requests", 0)) for entry in stats)
 
 
-def connect_ray(address: str | None) -> tuple[bool, Any]:
-    """Join (or, without an address, start) Ray on loopback; (whether this call connected, ray)."""
-    os.environ.update(RAY_ENV)
-    import ray
-
-    if ray.is_initialized():
-        return False, ray
-    ray.init(
-        address=address,
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-        runtime_env={"env_vars": dict(RAY_ENV)},
-    )
-    return True, ray
-
-
 class LoadCluster:
     """A Ray session (local on loopback, or joined by address) holding the load actors."""
 
@@ -207,7 +205,7 @@ class LoadCluster:
     def __exit__(self, *_: object) -> None:
         self.stop_all()
         if self._owns_ray:  # a Ray session the target's launcher opened outlives the load
-            self._ray.shutdown()
+            disconnect_ray(self._ray)
 
     def start(self, configs: list[LoadConfig], workdir: str | None = None) -> None:
         ray = self._ray
@@ -224,14 +222,17 @@ class LoadCluster:
         ray.get([a.start.remote() for a in self.actors])
 
     def poll(self, clock: ClockState | None = None) -> list[PollResult]:
-        return self._ray.get([a.poll.remote(clock) for a in self.actors])
+        results: list[PollResult] = self._ray.get([a.poll.remote(clock) for a in self.actors])
+        return results
 
     def stop_all(self, timeout_s: float = 15.0) -> list[tuple[list[dict[str, Any]], PollResult]]:
         """Stop every Locust; per actor its Locust stats and the records not yet polled."""
         if not self.actors:
             return []
         try:
-            results = self._ray.get([a.stop.remote() for a in self.actors], timeout=timeout_s + 5)
+            results: list[tuple[list[dict[str, Any]], PollResult]] = self._ray.get(
+                [a.stop.remote() for a in self.actors], timeout=timeout_s + 5
+            )
         except Exception:  # an actor that died cannot report; its Locust got SIGTERM with it
             results = []
         for actor in self.actors:

@@ -22,14 +22,18 @@ from typing import Any
 
 import yaml
 
-from chaos.campaign import Campaign, parse_campaign
+from chaos.campaign import Campaign
+from chaos.campaign_validation import parse_campaign
 from chaos.verdict import Verdict
 
 GAP_S = 6.0  # quiet time between windows: aftershock probes and the provocation's after-heal waves
 LEAD_S = 3.0  # the first window opens this long after the load starts
 TAIL_S = 10.0  # the load runs on this long after the last window
 MIN_WINDOWS, MAX_WINDOWS = 2, 6
-DURATION_SCALE = (1.0, 1.6)  # a drawn window lasts its original duration times this (never shorter: a stall must outlast the timeout)
+DURATION_SCALE = (
+    1.0,
+    1.6,
+)  # a drawn window lasts its original duration times this (never shorter: a stall must outlast the timeout)
 
 
 @dataclass
@@ -55,13 +59,16 @@ def draw_schedule(campaign: Campaign, k: int) -> Campaign:
     for _ in range(count):
         source = rng.choice(pool)
         duration = round(max(1.0, source.duration_s * rng.uniform(*DURATION_SCALE)), 1)
-        windows.append({"fault": source.fault, "at": f"{t:g}s", "duration": f"{duration:g}s", "params": dict(source.params)})
+        windows.append(
+            {"fault": source.fault, "at": f"{t:g}s", "duration": f"{duration:g}s", "params": dict(source.params)}
+        )
         t += duration + GAP_S
     return _with_schedule(campaign, windows, seed=campaign.seed + k, name=f"{campaign.name}-explore-{k}")
 
 
-def _with_schedule(campaign: Campaign, windows: list[dict[str, Any]], seed: int, name: str,
-                   load_s: float | None = None) -> Campaign:
+def _with_schedule(
+    campaign: Campaign, windows: list[dict[str, Any]], seed: int, name: str, load_s: float | None = None
+) -> Campaign:
     """The campaign with these windows and a steady load that outlasts them (stages are tied to
     the original schedule's times, so they go)."""
     data = campaign.model_dump(mode="json")
@@ -82,7 +89,9 @@ def _describe(campaign: Campaign) -> list[str]:
     return [f"{w.fault} at {w.at_s:g}s for {w.duration_s:g}s" for w in campaign.windows()]
 
 
-def explore(campaign: Campaign, n: int, out: Path, run: Run, say: Callable[[str], None] = print) -> tuple[Verdict, Path | None]:
+def explore(
+    campaign: Campaign, n: int, out: Path, run: Run, say: Callable[[str], None] = print
+) -> tuple[Verdict, Path | None]:
     """Run up to `n` drawn schedules; shrink the first that FAILs. Returns (verdict, reproduce.yaml)."""
     out.mkdir(parents=True, exist_ok=True)
     attempts: list[Attempt] = []
@@ -108,21 +117,33 @@ def explore(campaign: Campaign, n: int, out: Path, run: Run, say: Callable[[str]
     path = out / "reproduce.yaml"
     data = minimal.model_dump(mode="json")
     data["name"] = f"{campaign.name}-counterexample"
-    header = (f"# A counterexample found by `pdchaos run --explore` and shrunk: every window and second of load\n"
-              f"# left is needed for the FAIL (each removal was tried). It "
-              + ("failed again when re-run" if again else "did NOT fail again when re-run: the failure depends on timing, run it several times")
-              + f".\n# Run it: pdchaos run {path.name}\n")
+    header = (
+        "# A counterexample found by `pdchaos run --explore` and shrunk: every window and second of load\n"
+        "# left is needed for the FAIL (each removal was tried). It "
+        + (
+            "failed again when re-run"
+            if again
+            else "did NOT fail again when re-run: the failure depends on timing, run it several times"
+        )
+        + f".\n# Run it: pdchaos run {path.name}\n"
+    )
     path.write_text(header + yaml.safe_dump(data, sort_keys=False))
     say(f"counterexample: {'; '.join(_describe(minimal))} (load {minimal.load.duration_s:g}s) -> {path}")
     return Verdict.FAIL, path
 
 
-def confirmed(steps: list[Campaign], out: Path, attempt: Callable[[str, Campaign, Path], Verdict]) -> tuple[Campaign, bool]:
+def confirmed(
+    steps: list[Campaign], out: Path, attempt: Callable[[str, Campaign, Path], Verdict]
+) -> tuple[Campaign, bool]:
     """The most shrunk schedule that FAILs once more, walking back through the shrink's steps: a
     timing-dependent bug can FAIL a step once by luck, and a counterexample is only worth its
     file if it fails again. (The last step, False) when none does."""
     for back, candidate in enumerate(reversed(steps)):
-        label = "confirm: the shrunk schedule once more" if back == 0 else f"confirm: the shrink's step {len(steps) - 1 - back} once more"
+        label = (
+            "confirm: the shrunk schedule once more"
+            if back == 0
+            else f"confirm: the shrink's step {len(steps) - 1 - back} once more"
+        )
         if attempt(label, candidate, out / ("confirm" if back == 0 else f"confirm-{back}")) is Verdict.FAIL:
             return candidate, True
     return steps[-1], False
@@ -162,7 +183,12 @@ def shrink_steps(failing: Campaign, out: Path, attempt: Callable[[str, Campaign,
 
 
 def _window_dict(window: Any) -> dict[str, Any]:
-    return {"fault": window.fault, "at": f"{window.at_s:g}s", "duration": f"{window.duration_s:g}s", "params": dict(window.params)}
+    return {
+        "fault": window.fault,
+        "at": f"{window.at_s:g}s",
+        "duration": f"{window.duration_s:g}s",
+        "params": dict(window.params),
+    }
 
 
 def _respaced(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:

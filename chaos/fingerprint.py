@@ -32,16 +32,29 @@ def _cpu_model() -> str:
 def fingerprint(seed: int, engine_info: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """`engine_info`: role -> that worker's /server_info (versions and flags are read from it)."""
     gpus = read_inventory()
-    flag_keys = ("disaggregation_mode", "disaggregation_transfer_backend", "page_size", "context_length",
-                 "max_total_num_tokens", "max_req_input_len", "mem_fraction_static", "disaggregation_enable_kv_checksum",
-                 "tp_size", "dp_size")
+    flag_keys = (
+        "disaggregation_mode",
+        "disaggregation_transfer_backend",
+        "page_size",
+        "context_length",
+        "max_total_num_tokens",
+        "max_req_input_len",
+        "mem_fraction_static",
+        "disaggregation_enable_kv_checksum",
+        "tp_size",
+        "dp_size",
+    )
     return {
         "pdchaos": __version__,
         "seed": seed,
-        "engine": {role: {"version": info.get("version"), **{k: info.get(k) for k in flag_keys if k in info}}
-                   for role, info in engine_info.items()},
+        "engine": {
+            role: {"version": info.get("version"), **{k: info.get(k) for k in flag_keys if k in info}}
+            for role, info in engine_info.items()
+        },
         "router": {"sglang-router": _version("sglang-router")},
-        "mooncake": _version("mooncake-transfer-engine") or _version("mooncake-transfer-engine-non-cuda") or "not installed",
+        "mooncake": _version("mooncake-transfer-engine")
+        or _version("mooncake-transfer-engine-non-cuda")
+        or "not installed",
         "gpus": gpus.to_json(),
         "gpu_summary": gpus.summary(),
         "cpu": {"model": _cpu_model(), "cores": os.cpu_count()},

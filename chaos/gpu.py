@@ -9,6 +9,7 @@ GPU assignment is not what the campaign says.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -53,8 +54,10 @@ class GpuInventory:
     def summary(self) -> str:
         if not self.available:
             return self.reason
-        names = ", ".join(f"{g.index}: {g.name} ({g.memory_total_mib / 1024:.0f} GiB, {g.memory_used_mib / 1024:.1f} used)"
-                          for g in self.gpus)
+        names = ", ".join(
+            f"{g.index}: {g.name} ({g.memory_total_mib / 1024:.0f} GiB, {g.memory_used_mib / 1024:.1f} used)"
+            for g in self.gpus
+        )
         cuda = f", CUDA {self.cuda_driver_version}" if self.cuda_driver_version else ""
         return f"{len(self.gpus)} GPU(s), driver {self.driver_version}{cuda}: {names}"
 
@@ -89,14 +92,20 @@ def _processes(handle: Any) -> tuple[GpuProcess, ...]:
     import pynvml
 
     found: dict[int, GpuProcess] = {}
-    for kind, query in (("compute", "nvmlDeviceGetComputeRunningProcesses"), ("graphics", "nvmlDeviceGetGraphicsRunningProcesses")):
+    queries: tuple[tuple[Literal["compute", "graphics"], str], ...] = (
+        ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+        ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+    )
+    for kind, query in queries:
         call = getattr(pynvml, query, None)
         for p in (_optional(call, handle) if call is not None else None) or ():
             if p.pid in found:
                 continue
             used = getattr(p, "usedGpuMemory", None)
             name = _optional(pynvml.nvmlSystemGetProcessName, p.pid)
-            found[p.pid] = GpuProcess(p.pid, None if used is None else used / MIB, None if name is None else _text(name), kind)
+            found[p.pid] = GpuProcess(
+                p.pid, None if used is None else used / MIB, None if name is None else _text(name), kind
+            )
     return tuple(found.values())
 
 
@@ -115,25 +124,40 @@ def read_inventory() -> GpuInventory:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             pci = _optional(pynvml.nvmlDeviceGetPciInfo, handle)
-            gpus.append(Gpu(index, _text(pynvml.nvmlDeviceGetName(handle)), _text(pynvml.nvmlDeviceGetUUID(handle)),
-                            memory.total / MIB, memory.used / MIB, _processes(handle), memory.free / MIB,
-                            None if pci is None else _text(pci.busId)))
+            gpus.append(
+                Gpu(
+                    index,
+                    _text(pynvml.nvmlDeviceGetName(handle)),
+                    _text(pynvml.nvmlDeviceGetUUID(handle)),
+                    memory.total / MIB,
+                    memory.used / MIB,
+                    _processes(handle),
+                    memory.free / MIB,
+                    None if pci is None else _text(pci.busId),
+                )
+            )
         if not gpus:
-            return GpuInventory(False, "no GPU: NVML sees no device", driver_version=_text(pynvml.nvmlSystemGetDriverVersion()))
+            return GpuInventory(
+                False, "no GPU: NVML sees no device", driver_version=_text(pynvml.nvmlSystemGetDriverVersion())
+            )
         nvml = _optional(pynvml.nvmlSystemGetNVMLVersion)
-        return GpuInventory(True, driver_version=_text(pynvml.nvmlSystemGetDriverVersion()), gpus=tuple(gpus),
-                            cuda_driver_version=_cuda_version(_optional(pynvml.nvmlSystemGetCudaDriverVersion)),
-                            nvml_version=None if nvml is None else _text(nvml))
+        return GpuInventory(
+            True,
+            driver_version=_text(pynvml.nvmlSystemGetDriverVersion()),
+            gpus=tuple(gpus),
+            cuda_driver_version=_cuda_version(_optional(pynvml.nvmlSystemGetCudaDriverVersion)),
+            nvml_version=None if nvml is None else _text(nvml),
+        )
     except pynvml.NVMLError as exc:
         return GpuInventory(False, f"GPU inventory failed: {exc}")
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
 
 
-def expected_pool_tokens(gpu_total_mib: float, mem_fraction_static: float, weights_gib: float, kv_bytes_per_token: int) -> int:
+def expected_pool_tokens(
+    gpu_total_mib: float, mem_fraction_static: float, weights_gib: float, kv_bytes_per_token: int
+) -> int:
     """What a memory fraction should give: (total * fraction - weights) / bytes per token."""
     kv_bytes = gpu_total_mib * MIB * mem_fraction_static - weights_gib * GIB
     return max(0, int(kv_bytes // kv_bytes_per_token))
@@ -168,18 +192,38 @@ class PoolCheck:
         return asdict(self)
 
 
-def compare_pool(role: str, gpus: Sequence[Gpu], mem_fraction_static: float | None, weights_gib: float | None,
-                 reported_kv_gib: float | None, reported_pool_tokens: int | None, own_pids: Collection[int] = (),
-                 tolerance: float = 0.10) -> PoolCheck:
+def compare_pool(
+    role: str,
+    gpus: Sequence[Gpu],
+    mem_fraction_static: float | None,
+    weights_gib: float | None,
+    reported_kv_gib: float | None,
+    reported_pool_tokens: int | None,
+    own_pids: Collection[int] = (),
+    tolerance: float = 0.10,
+) -> PoolCheck:
     """Judge one role's pool. Inputs are per rank (weights and KV of one GPU); None is unknown."""
     ids = tuple(g.index for g in gpus)
     others = tuple(p for g in gpus for p in g.processes if p.pid not in own_pids)
-    base: dict[str, Any] = {"role": role, "gpu_ids": ids, "mem_fraction_static": mem_fraction_static, "weights_gib": weights_gib,
-                            "reported_kv_gib": reported_kv_gib, "reported_pool_tokens": reported_pool_tokens,
-                            "other_processes": others}
-    missing = [name for name, value in (("the role's GPUs in the inventory", gpus or None),
-                                        ("the memory fraction", mem_fraction_static), ("the weights' memory", weights_gib),
-                                        ("the KV pool's memory", reported_kv_gib)) if value is None]
+    base: dict[str, Any] = {
+        "role": role,
+        "gpu_ids": ids,
+        "mem_fraction_static": mem_fraction_static,
+        "weights_gib": weights_gib,
+        "reported_kv_gib": reported_kv_gib,
+        "reported_pool_tokens": reported_pool_tokens,
+        "other_processes": others,
+    }
+    missing = [
+        name
+        for name, value in (
+            ("the role's GPUs in the inventory", gpus or None),
+            ("the memory fraction", mem_fraction_static),
+            ("the weights' memory", weights_gib),
+            ("the KV pool's memory", reported_kv_gib),
+        )
+        if value is None
+    ]
     if missing:
         return PoolCheck(status="unknown", reason="cannot compare: no reading of " + ", ".join(missing), **base)
     assert mem_fraction_static is not None and weights_gib is not None and reported_kv_gib is not None
@@ -188,17 +232,24 @@ def compare_pool(role: str, gpus: Sequence[Gpu], mem_fraction_static: float | No
     expected_tokens = None
     if reported_pool_tokens and reported_kv_gib > 0:
         per_token = reported_kv_gib * GIB / reported_pool_tokens
-        expected_tokens = expected_pool_tokens(total_gib * GIB / MIB, mem_fraction_static, weights_gib, max(1, round(per_token)))
+        expected_tokens = expected_pool_tokens(
+            total_gib * GIB / MIB, mem_fraction_static, weights_gib, max(1, round(per_token))
+        )
     base.update(gpu_total_gib=total_gib, expected_kv_gib=expected_kv, expected_pool_tokens=expected_tokens)
     said = f"KV pool {reported_kv_gib:.2f} GiB vs {expected_kv:.2f} GiB expected ({total_gib:.1f} GiB x {mem_fraction_static} - {weights_gib:.2f} GiB weights)"
     if expected_kv <= 0:
         return PoolCheck(status="low", reason=f"{said}: the fraction does not even hold the weights", **base)
     if reported_kv_gib > expected_kv * (1 + tolerance):
-        return PoolCheck(status="high", reason=f"{said}: more than the fraction allows; is the fraction or the GPU "
-                                               "assignment what the campaign says?", **base)
+        return PoolCheck(
+            status="high",
+            reason=f"{said}: more than the fraction allows; is the fraction or the GPU "
+            "assignment what the campaign says?",
+            **base,
+        )
     if reported_kv_gib < expected_kv * (1 - tolerance):
         held = sum(p.used_memory_mib or 0.0 for p in others) / 1024
         who = f"; other processes on these GPUs hold {held:.2f} GiB now" if others else ""
-        return PoolCheck(status="low", reason=f"{said}: something else held GPU memory when the engine sized its pool{who}",
-                         **base)
+        return PoolCheck(
+            status="low", reason=f"{said}: something else held GPU memory when the engine sized its pool{who}", **base
+        )
     return PoolCheck(status="ok", reason=said, **base)

@@ -48,7 +48,9 @@ def pending_plans(journal: Journal) -> dict[str, PendingWindow]:
 
 def heal_run(run_dir: Path) -> HealReport:
     if not (run_dir / JOURNAL_FILENAME).exists() and not state_path(run_dir).exists():
-        raise UsageError(f"{run_dir} holds no journal or target state: pass the run directory a `pdchaos run` or `pdchaos load` wrote")
+        raise UsageError(
+            f"{run_dir} holds no journal or target state: pass the run directory a `pdchaos run` or `pdchaos load` wrote"
+        )
     report = HealReport()
     plans: dict[str, PendingWindow] = {}
     journal = Journal.open(run_dir) if (run_dir / JOURNAL_FILENAME).exists() else None
@@ -63,8 +65,13 @@ def heal_run(run_dir: Path) -> HealReport:
             report.left.extend(leftovers(pending.plan, None))
         if journal is not None:
             for window, pending in plans.items():  # so the next heal knows it is done
-                journal.append_event(JournalEvent(EventKind.FAULT, pending.fault, {
-                    "window": window, "step": "heal", "ok": report.clean, "by": "pdchaos heal"}))
+                journal.append_event(
+                    JournalEvent(
+                        EventKind.FAULT,
+                        pending.fault,
+                        {"window": window, "step": "heal", "ok": report.clean, "by": "pdchaos heal"},
+                    )
+                )
     finally:
         if journal is not None:
             journal.close()

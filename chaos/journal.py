@@ -159,8 +159,7 @@ CREATE TABLE meta (
 REQUEST_COLUMNS = tuple(f.name for f in fields(RequestRecord))
 _JSON_COLUMNS = frozenset({"markers", "token_times"})
 _INSERT_REQUEST = (
-    f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) "
-    f"VALUES ({', '.join('?' for _ in REQUEST_COLUMNS)})"
+    f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({', '.join('?' for _ in REQUEST_COLUMNS)})"
 )
 
 
@@ -179,7 +178,7 @@ def _request_row(record: RequestRecord) -> tuple[Any, ...]:
 
 
 def _request_from_row(row: tuple[Any, ...]) -> RequestRecord:
-    values = dict(zip(REQUEST_COLUMNS, row))
+    values = dict(zip(REQUEST_COLUMNS, row, strict=True))
     for name in _JSON_COLUMNS:
         values[name] = json.loads(values[name])
     values["stream"] = bool(values["stream"])
@@ -231,9 +230,7 @@ class Journal:
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
-    def create(
-        cls, run_dir: str | Path, *, flush_interval_s: float = 0.5, flush_every: int = 256
-    ) -> Journal:
+    def create(cls, run_dir: str | Path, *, flush_interval_s: float = 0.5, flush_every: int = 256) -> Journal:
         """A new, empty journal at RUN_DIR/journal.sqlite (the directory is made if needed)."""
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -267,9 +264,7 @@ class Journal:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version != SCHEMA_VERSION:
             conn.close()
-            raise JournalError(
-                f"{path}: journal schema version {version}, this pdchaos reads {SCHEMA_VERSION}"
-            )
+            raise JournalError(f"{path}: journal schema version {version}, this pdchaos reads {SCHEMA_VERSION}")
         return cls(
             path,
             conn,
@@ -283,9 +278,7 @@ class Journal:
         target = f"{path.resolve().as_uri()}?mode=ro" if readonly else str(path)
         # Autocommit mode: transactions are the explicit BEGIN/COMMIT below. The lock in Journal
         # serialises threads, so the connection may be used from the flusher thread too.
-        conn = sqlite3.connect(
-            target, uri=readonly, isolation_level=None, check_same_thread=False, timeout=10.0
-        )
+        conn = sqlite3.connect(target, uri=readonly, isolation_level=None, check_same_thread=False, timeout=10.0)
         if not readonly:
             conn.execute("PRAGMA synchronous = NORMAL")
         return conn
@@ -322,9 +315,7 @@ class Journal:
         encoded = json.dumps(value)
         with self._lock:
             self._check_writable()
-            self._conn.execute(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, encoded)
-            )
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, encoded))
 
     def flush(self) -> None:
         """Commit every buffered request now."""
@@ -398,10 +389,8 @@ class Journal:
                 try:
                     self._conn.execute(_INSERT_REQUEST, row)
                 except sqlite3.IntegrityError as error:
-                    rejected = {"error": str(error), "record": dict(zip(REQUEST_COLUMNS, row))}
-                    self._insert_event(
-                        time.time(), EventKind.NOTE.value, "rejected_request", json.dumps(rejected)
-                    )
+                    rejected = {"error": str(error), "record": dict(zip(REQUEST_COLUMNS, row, strict=True))}
+                    self._insert_event(time.time(), EventKind.NOTE.value, "rejected_request", json.dumps(rejected))
         except BaseException:
             self._conn.execute("ROLLBACK")
             raise
@@ -430,9 +419,7 @@ class Journal:
         if outcome is None:
             row = self._query_one("SELECT COUNT(*) FROM requests", ())
         else:
-            row = self._query_one(
-                "SELECT COUNT(*) FROM requests WHERE outcome = ?", (Outcome(outcome).value,)
-            )
+            row = self._query_one("SELECT COUNT(*) FROM requests WHERE outcome = ?", (Outcome(outcome).value,))
         assert row is not None
         return int(row[0])
 
@@ -479,10 +466,7 @@ class Journal:
         if name is not None:
             where.append("name = ?")
             params.append(name)
-        sql = (
-            f"SELECT seq, t, kind, name, data FROM events "
-            f"WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
-        )
+        sql = f"SELECT seq, t, kind, name, data FROM events WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?"
         for row in self._iter_pages(sql, params, batch_size, initial_key=after_seq):
             yield _event_from_row(row)
 

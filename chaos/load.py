@@ -7,6 +7,7 @@ with SIGKILL leaves a journal holding what finished before.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -20,8 +21,10 @@ from typing import Any
 from chaos.cluster import HealthSample, LoadCluster, PollResult, locust_request_count
 from chaos.journal import EventKind, Journal, JournalEvent, RequestRecord
 from chaos.loadstats import LoadStats, generator_saturated
+from chaos.run_evidence import journal_generator_health
+from chaos.targets.discovery import TargetFacts
 from loadprofiles.clock import ScheduleClock
-from loadprofiles.config import LoadConfig, ShapeKind, ShapeSpec, Stage, TargetFacts
+from loadprofiles.config import LoadConfig, ShapeKind, ShapeSpec, Stage
 from loadprofiles.profiles import Profile
 
 POLL_INTERVAL_S = 0.5
@@ -54,18 +57,33 @@ class LoadPlan:
             users = _share(self.users, self.actors, i)
             if users == 0:
                 continue
-            stages = tuple(Stage(until_s=until, users=_share(n, self.actors, i), spawn_rate=max(1.0, users / 2))
-                           for until, n in self.stages)
-            out.append(LoadConfig(
-                run_prefix=self.run_prefix, target_url=self.target_url,
-                records_path=str(workdir / f"actor-{i}" / "records.jsonl"),
-                clock_path=str(workdir / f"actor-{i}" / "clock.json") if scheduled else None,
-                actor_index=i, actor_count=self.actors, facts=self.facts, mix=dict(self.profile.mix),
-                shape=ShapeSpec(kind=self.shape, duration_s=self.duration_s, users=users, spawn_rate=max(1.0, users / 2),
-                                stages=stages),
-                max_tokens=self.max_tokens or self.profile.max_tokens, seed=self.seed + i, phase=self.phase,
-                index_base=self.index_base,
-            ))
+            stages = tuple(
+                Stage(until_s=until, users=_share(n, self.actors, i), spawn_rate=max(1.0, users / 2))
+                for until, n in self.stages
+            )
+            out.append(
+                LoadConfig(
+                    run_prefix=self.run_prefix,
+                    target_url=self.target_url,
+                    records_path=str(workdir / f"actor-{i}" / "records.jsonl"),
+                    clock_path=str(workdir / f"actor-{i}" / "clock.json") if scheduled else None,
+                    actor_index=i,
+                    actor_count=self.actors,
+                    facts=self.facts,
+                    mix=dict(self.profile.mix),
+                    shape=ShapeSpec(
+                        kind=self.shape,
+                        duration_s=self.duration_s,
+                        users=users,
+                        spawn_rate=max(1.0, users / 2),
+                        stages=stages,
+                    ),
+                    max_tokens=self.max_tokens or self.profile.max_tokens,
+                    seed=self.seed + i,
+                    phase=self.phase,
+                    index_base=self.index_base,
+                )
+            )
         return out
 
 
@@ -94,8 +112,12 @@ def _to_record(data: dict[str, Any]) -> RequestRecord:
     return RequestRecord(**{k: v for k, v in data.items() if k in _RECORD_FIELDS})
 
 
-def _absorb(journal: Journal, results: list[PollResult], outcome: LoadOutcome,
-            on_records: Callable[[list[RequestRecord]], None] | None = None) -> tuple[int, int]:
+def _absorb(
+    journal: Journal,
+    results: list[PollResult],
+    outcome: LoadOutcome,
+    on_records: Callable[[list[RequestRecord]], None] | None = None,
+) -> tuple[int, int]:
     added = errors = 0
     for result in results:
         records = []
@@ -112,14 +134,22 @@ def _absorb(journal: Journal, results: list[PollResult], outcome: LoadOutcome,
         outcome.anomalies.extend(result.anomalies)
         if result.health is not None:
             outcome.health.append(result.health)
+            journal_generator_health(journal, result.health)  # the saturated-generator gate reads it there
     outcome.journaled += added
     return added, errors
 
 
-def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str | None = None,
-             progress: Progress | None = None, on_started: Callable[[float], None] | None = None,
-             on_records: Callable[[list[RequestRecord]], None] | None = None,
-             clock: ScheduleClock | None = None, cut_short: threading.Event | None = None) -> LoadOutcome:
+def run_load(
+    plan: LoadPlan,
+    run_dir: Path,
+    journal: Journal,
+    ray_address: str | None = None,
+    progress: Progress | None = None,
+    on_started: Callable[[float], None] | None = None,
+    on_records: Callable[[list[RequestRecord]], None] | None = None,
+    clock: ScheduleClock | None = None,
+    cut_short: threading.Event | None = None,
+) -> LoadOutcome:
     """Run the plan to its end (or Ctrl-C). `on_started(t)` fires once Locust is running: fault
     schedules count from then, not from Ray's start-up. With a `clock` (started here), the load's
     shape follows it: what the fault schedule holds lengthens the load by as much. `cut_short`
@@ -127,9 +157,20 @@ def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str |
     outcome = LoadOutcome()
     workdir = (run_dir / "load").resolve()  # a relative --out must mean the same in every process
     configs = plan.configs(workdir, scheduled=clock is not None)
-    journal.append_event(JournalEvent(EventKind.PHASE, f"{plan.phase}:start", {
-        "profile": plan.profile.name, "users": plan.users, "actors": len(configs), "shape": plan.shape,
-        "duration_s": plan.duration_s, "target": plan.target_url}))
+    journal.append_event(
+        JournalEvent(
+            EventKind.PHASE,
+            f"{plan.phase}:start",
+            {
+                "profile": plan.profile.name,
+                "users": plan.users,
+                "actors": len(configs),
+                "shape": plan.shape,
+                "duration_s": plan.duration_s,
+                "target": plan.target_url,
+            },
+        )
+    )
     errors = 0
     with LoadCluster(ray_address) as cluster:
         started = time.monotonic()
@@ -143,7 +184,9 @@ def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str |
             if on_started is not None:
                 on_started(now)
             # The shape ends Locust; this bounds a stuck one.
-            deadline = lambda: started + plan.duration_s + 30.0 + (clock.held_s() if clock else 0.0)  # noqa: E731
+            deadline: Callable[[], float] = lambda: (  # noqa: E731
+                started + plan.duration_s + 30.0 + (clock.held_s() if clock else 0.0)
+            )
             while time.monotonic() < deadline():
                 results = cluster.poll(clock.state() if clock else None)
                 _, new_errors = _absorb(journal, results, outcome, on_records)
@@ -164,21 +207,38 @@ def run_load(plan: LoadPlan, run_dir: Path, journal: Journal, ray_address: str |
                 outcome.locust_requests += locust_request_count(stats)
                 _absorb(journal, [last], outcome, on_records)
     journal.flush()
-    journal.append_event(JournalEvent(EventKind.PHASE, f"{plan.phase}:end", {
-        "journaled": outcome.journaled, "locust_requests": outcome.locust_requests, "interrupted": outcome.interrupted,
-        "cut_short": outcome.cut_short}))
+    journal.append_event(
+        JournalEvent(
+            EventKind.PHASE,
+            f"{plan.phase}:end",
+            {
+                "journaled": outcome.journaled,
+                "locust_requests": outcome.locust_requests,
+                "interrupted": outcome.interrupted,
+                "cut_short": outcome.cut_short,
+            },
+        )
+    )
     return outcome
 
 
 def summary(stats: LoadStats, outcome: LoadOutcome) -> dict[str, Any]:
     """The one-line JSON result of `pdchaos load`."""
-    ms = lambda v: None if v is None else round(1000 * v, 1)  # noqa: E731
+    ms: Callable[[float | None], float | None] = lambda v: None if v is None else round(1000 * v, 1)  # noqa: E731
     return {
-        "requests": stats.requests, "ok": stats.ok, "fail": stats.fail, "info": stats.info,
-        "requests_per_s": round(stats.requests_per_s, 2), "ttft_p50_ms": ms(stats.ttft_s.p50),
-        "ttft_p99_ms": ms(stats.ttft_s.p99), "itl_p50_ms": ms(stats.itl_s.p50), "tpot_p50_ms": ms(stats.tpot_s.p50),
-        "e2e_p99_ms": ms(stats.e2e_s.p99), "goodput_per_s": round(stats.goodput_per_s, 2),
-        "anomalies": stats.anomalies, "error_classes": stats.error_classes,
+        "requests": stats.requests,
+        "ok": stats.ok,
+        "fail": stats.fail,
+        "info": stats.info,
+        "requests_per_s": round(stats.requests_per_s, 2),
+        "ttft_p50_ms": ms(stats.ttft_s.p50),
+        "ttft_p99_ms": ms(stats.ttft_s.p99),
+        "itl_p50_ms": ms(stats.itl_s.p50),
+        "tpot_p50_ms": ms(stats.tpot_s.p50),
+        "e2e_p99_ms": ms(stats.e2e_s.p99),
+        "goodput_per_s": round(stats.goodput_per_s, 2),
+        "anomalies": stats.anomalies,
+        "error_classes": stats.error_classes,
         "locust_requests": outcome.locust_requests,
         "generator_saturated": generator_saturated(outcome.cpu_samples(), stats.send_lag_s),
         "interrupted": outcome.interrupted,
@@ -193,16 +253,15 @@ def terminal_progress(duration_s: float, extra: Callable[[], str] = lambda: "") 
     def show(elapsed: float, requests: int, errors: int, running: int) -> None:
         rate = requests / elapsed if elapsed > 0 else 0.0
         text = f"[{elapsed:5.1f}/{duration_s:.0f}s] requests {requests}  non-ok {errors}  {rate:.1f} req/s  actors {running}{extra()}"
-        if sys.stdout.isatty():
-            print("\r" + text, end="", flush=True)
-        elif elapsed - last_line[0] >= 5.0:
-            last_line[0] = elapsed
-            print(text, flush=True)
+        with contextlib.suppress(OSError):  # a terminal closed under the run (SIGHUP) stops only the line
+            if sys.stdout.isatty():
+                print("\r" + text, end="", flush=True)
+            elif elapsed - last_line[0] >= 5.0:
+                last_line[0] = elapsed
+                print(text, flush=True)
 
     return show
 
 
 def write_summary(run_dir: Path, data: dict[str, Any]) -> None:
     (run_dir / "load-summary.json").write_text(json.dumps(data, indent=2))
-
-

@@ -7,6 +7,7 @@ send lag (actual - planned send time) and the Locust processes' CPU.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -68,7 +69,11 @@ class LoadStats:
 
 def compute(records: Iterable[RequestRecord], slo: Slo = Slo()) -> LoadStats:
     stats = LoadStats()
-    ttft, itl, tpot, e2e, lag = [], [], [], [], []
+    ttft: list[float] = []
+    itl: list[float] = []
+    tpot: list[float] = []
+    e2e: list[float] = []
+    lag: list[float] = []
     first_send, last_end = math.inf, -math.inf
     tokens = good = 0
     for r in records:
@@ -96,14 +101,18 @@ def compute(records: Iterable[RequestRecord], slo: Slo = Slo()) -> LoadStats:
         if r_ttft is not None:
             ttft.append(r_ttft)
         times = r.token_times
-        itl.extend(b - a for a, b in zip(times, times[1:]))
+        itl.extend(b - a for a, b in itertools.pairwise(times))
         generated = r.completion_tokens or 0
         tokens += generated
         r_tpot = None
         if r.t_first_token is not None and generated > 1:
             r_tpot = (r.t_end - r.t_first_token) / (generated - 1)
             tpot.append(r_tpot)
-        if r.outcome is Outcome.OK and (r_ttft is None or r_ttft <= slo.ttft_s) and (r_tpot is None or r_tpot <= slo.tpot_s):
+        if (
+            r.outcome is Outcome.OK
+            and (r_ttft is None or r_ttft <= slo.ttft_s)
+            and (r_tpot is None or r_tpot <= slo.tpot_s)
+        ):
             good += 1
     if last_end > first_send:
         stats.duration_s = last_end - first_send
@@ -122,10 +131,14 @@ def generator_saturation(cpu_samples: Sequence[float], lag: Distribution) -> str
     busy = sorted(cpu_samples)
     cpu_p50 = percentile(busy, 50) if busy else None
     if cpu_p50 is not None and cpu_p50 >= SATURATED_CPU_PERCENT:
-        return f"its Locust processes ran at {cpu_p50:.0f} % of a core (median), at or above {SATURATED_CPU_PERCENT:.0f} %"
+        return (
+            f"its Locust processes ran at {cpu_p50:.0f} % of a core (median), at or above {SATURATED_CPU_PERCENT:.0f} %"
+        )
     if lag.p90 is not None and lag.p90 >= SATURATED_LAG_S:
-        return (f"one request in ten was sent {lag.p90 * 1000:.0f} ms or more after its planned time "
-                f"(send lag p90, {lag.count} requests), at or above {SATURATED_LAG_S * 1000:.0f} ms")
+        return (
+            f"one request in ten was sent {lag.p90 * 1000:.0f} ms or more after its planned time "
+            f"(send lag p90, {lag.count} requests), at or above {SATURATED_LAG_S * 1000:.0f} ms"
+        )
     return None
 
 

@@ -7,9 +7,13 @@ handoff; decode then read KV pages it never received, which held other users' da
 
 Rules, per node:
 
-* OK iff ``pool >= context length``;
+* OK (`Verdict.PASS`) iff ``pool >= context length``;
 * FAIL iff ``pool < context length``;
-* UNKNOWN when either value cannot be read. UNKNOWN is not OK.
+* UNKNOWN (`Verdict.INCONCLUSIVE`) when either value cannot be read. UNKNOWN is not OK: it
+  exits 1, as a FAIL does.
+
+A node's status is a `chaos.verdict.Verdict`; OK and UNKNOWN are only the names this check
+prints for PASS and INCONCLUSIVE (`STATUS_LABELS`).
 
 For a log, only the node's most recent start is judged; every start is reported. Over the ranks of
 that start, the pool is the minimum and the context length the maximum. For a live worker, the pool
@@ -31,31 +35,22 @@ import json
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from chaos.facts import (
-    LogStart,
-    ModelsFacts,
-    PoolMetrics,
-    ServerInfoFacts,
-    parse_models,
-    parse_server_info,
-    read_log,
-    read_pool_metrics,
-)
+from chaos.facts.endpoints import ModelsFacts, ServerInfoFacts, parse_models, parse_server_info
+from chaos.facts.log_starts import LogStart, read_log
+from chaos.facts.pool_metrics import PoolMetrics, read_pool_metrics
+from chaos.verdict import Verdict
 
 DEFAULT_TIMEOUT_S = 5.0
 UNTAGGED_RANK = "(no prefix)"  # the scheduler of a TP=1 server prints no rank prefix
 
 
-class Status(str, Enum):
-    OK = "OK"
-    FAIL = "FAIL"
-    UNKNOWN = "UNKNOWN"
+# What `pdchaos preflight` prints for each verdict: a node's pool is OK, too small, or unreadable.
+STATUS_LABELS: dict[Verdict, str] = {Verdict.PASS: "OK", Verdict.FAIL: "FAIL", Verdict.INCONCLUSIVE: "UNKNOWN"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,7 +71,7 @@ class StartSummary:
     pool_tokens: int | None
     context_len: int | None
     kv_tokens: int | None
-    status: Status
+    status: Verdict
     reason: str
     judged: bool = False
 
@@ -100,7 +95,7 @@ class PreflightRow:
     name: str
     source: str  # "log" or "url"
     location: str  # the file path or the base URL
-    status: Status
+    status: Verdict
     reason: str
     role: str | None = None
     pool_tokens: int | None = None
@@ -121,14 +116,14 @@ class PreflightRow:
 
     @property
     def ok(self) -> bool:
-        return self.status is Status.OK
+        return self.status is Verdict.PASS
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["status"] = self.status.value
+        data["status"] = STATUS_LABELS[self.status]
         data["ratio"] = None if self.ratio is None else round(self.ratio, 4)
         for start in data["starts"]:
-            start["status"] = start["status"].value
+            start["status"] = STATUS_LABELS[start["status"]]
         return data
 
 
@@ -151,7 +146,7 @@ class PreflightInputs:
 class PreflightReport:
     rows: list[PreflightRow]
 
-    def count(self, status: Status) -> int:
+    def count(self, status: Verdict) -> int:
         return sum(1 for row in self.rows if row.status is status)
 
     @property
@@ -166,8 +161,8 @@ class PreflightReport:
     def summary_line(self) -> str:
         total = len(self.rows)
         counts = (
-            f"{self.count(Status.OK)} OK, {self.count(Status.FAIL)} FAIL, "
-            f"{self.count(Status.UNKNOWN)} UNKNOWN"
+            f"{self.count(Verdict.PASS)} OK, {self.count(Verdict.FAIL)} FAIL, "
+            f"{self.count(Verdict.INCONCLUSIVE)} UNKNOWN"
         )
         noun = "node" if total == 1 else "nodes"
         verdict = "PASS: every node's KV pool holds a full context" if self.ok else "NOT OK"
@@ -179,9 +174,9 @@ class PreflightReport:
             "exit_code": self.exit_code,
             "summary": {
                 "total": len(self.rows),
-                "ok": self.count(Status.OK),
-                "fail": self.count(Status.FAIL),
-                "unknown": self.count(Status.UNKNOWN),
+                "ok": self.count(Verdict.PASS),
+                "fail": self.count(Verdict.FAIL),
+                "unknown": self.count(Verdict.INCONCLUSIVE),
             },
             "nodes": [row.to_dict() for row in self.rows],
         }
@@ -195,22 +190,20 @@ class PreflightReport:
 # --------------------------------------------------------------------------------------------------
 
 
-def judge_pool(pool_tokens: int | None, context_len: int | None) -> tuple[Status, str]:
+def judge_pool(pool_tokens: int | None, context_len: int | None) -> tuple[Verdict, str]:
     """Apply the rule to one pair of readings; return the status and a one-line reason."""
     if pool_tokens is None and context_len is None:
-        return Status.UNKNOWN, "neither the KV pool size nor the context length could be read"
+        return Verdict.INCONCLUSIVE, "neither the KV pool size nor the context length could be read"
     if pool_tokens is None:
-        return Status.UNKNOWN, "the KV pool size could not be read"
+        return Verdict.INCONCLUSIVE, "the KV pool size could not be read"
     if context_len is None:
-        return Status.UNKNOWN, "the context length could not be read"
+        return Verdict.INCONCLUSIVE, "the context length could not be read"
     if pool_tokens <= 0 or context_len <= 0:
-        return Status.UNKNOWN, (
-            f"implausible readings (pool {pool_tokens}, context {context_len}); not judged"
-        )
+        return Verdict.INCONCLUSIVE, (f"implausible readings (pool {pool_tokens}, context {context_len}); not judged")
     if pool_tokens >= context_len:
-        return Status.OK, f"pool {pool_tokens:,} >= context {context_len:,}"
+        return Verdict.PASS, f"pool {pool_tokens:,} >= context {context_len:,}"
     gap = context_len - pool_tokens
-    return Status.FAIL, (
+    return Verdict.FAIL, (
         f"pool {pool_tokens:,} < context {context_len:,}: prompts longer than the pool "
         f"({gap:,} tokens, {gap / context_len:.0%} of the window) have no KV behind them; "
         f"lower --context-length to <= {pool_tokens:,} or give the pool more memory"
@@ -234,7 +227,7 @@ def compute_band(max_req_input_len: int | None, context_len: int | None) -> Band
 def _summarise_start(start: LogStart) -> StartSummary:
     pool, context = start.pool_tokens, start.context_len
     if not start.startup_ranks:
-        status = Status.UNKNOWN
+        status = Verdict.INCONCLUSIVE
         if start.kv_tokens is not None:
             reason = (
                 f"no scheduler startup line (max_total_num_tokens=..., context_len=...); the KV "
@@ -253,12 +246,11 @@ def _summarise_start(start: LogStart) -> StartSummary:
         unreadable = [
             facts.rank or UNTAGGED_RANK
             for facts in start.startup_ranks
-            if facts.startup
-            and (facts.startup.max_total_num_tokens is None or facts.startup.context_len is None)
+            if facts.startup and (facts.startup.max_total_num_tokens is None or facts.startup.context_len is None)
         ]
         if unreadable:
             reason = f"startup line of rank {', '.join(unreadable)} has an unreadable value"
-            status = Status.UNKNOWN
+            status = Verdict.INCONCLUSIVE
     return StartSummary(
         index=start.index,
         first_lineno=start.first_lineno,
@@ -282,7 +274,7 @@ def check_log_starts(starts: Sequence[LogStart], name: str, location: str) -> Pr
             name=name,
             source="log",
             location=location,
-            status=Status.UNKNOWN,
+            status=Verdict.INCONCLUSIVE,
             reason="no SGLang start found (no server_args banner, startup, KV or ready line)",
         )
     judged_start, judged = starts[-1], summaries[-1]
@@ -306,7 +298,7 @@ def check_log_starts(starts: Sequence[LogStart], name: str, location: str) -> Pr
         if earlier != {judged.status}:
             row.notes.append(
                 "earlier starts: "
-                + ", ".join(f"#{s.index} {s.status.value}" for s in summaries[:-1])
+                + ", ".join(f"#{s.index} {STATUS_LABELS[s.status]}" for s in summaries[:-1])
                 + "; only the most recent start is judged"
             )
     if not judged.ready:
@@ -314,12 +306,11 @@ def check_log_starts(starts: Sequence[LogStart], name: str, location: str) -> Pr
             f"start #{judged.index} never logged 'The server is fired up and ready to roll!' "
             "(still starting, crashed, or the log was cut)"
         )
-    if judged.kv_tokens is not None and judged.pool_tokens is not None:
-        if judged.kv_tokens < judged.pool_tokens:
-            row.notes.append(
-                f"a KV pool of #tokens {judged.kv_tokens:,} was allocated, below "
-                f"max_total_num_tokens {judged.pool_tokens:,} (hybrid or draft pool?)"
-            )
+    if judged.kv_tokens is not None and judged.pool_tokens is not None and judged.kv_tokens < judged.pool_tokens:
+        row.notes.append(
+            f"a KV pool of #tokens {judged.kv_tokens:,} was allocated, below "
+            f"max_total_num_tokens {judged.pool_tokens:,} (hybrid or draft pool?)"
+        )
     return row
 
 
@@ -355,9 +346,7 @@ def _describe_transport_error(exc: httpx.HTTPError) -> str:
     return f"{type(exc).__name__}: {detail}"
 
 
-def fetch_url_facts(
-    url: str, *, timeout: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None
-) -> UrlFacts:
+def fetch_url_facts(url: str, *, timeout: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None) -> UrlFacts:
     """GET ``/server_info`` (falling back to ``/get_server_info``), ``/v1/models`` and ``/metrics``.
 
     Proxies from the environment are not used: the check talks to the workers directly. When the
@@ -419,7 +408,7 @@ def check_url_facts(facts: UrlFacts, name: str | None = None) -> PreflightRow:
             name=name,
             source="url",
             location=facts.url,
-            status=Status.UNKNOWN,
+            status=Verdict.INCONCLUSIVE,
             reason=f"cannot reach {facts.url}: {error}",
         )
     info, models, metrics = facts.server_info, facts.models, facts.metrics
@@ -429,10 +418,10 @@ def check_url_facts(facts: UrlFacts, name: str | None = None) -> PreflightRow:
     if info is not None and info.max_total_num_tokens is not None:
         pool_readings.append(("/server_info max_total_num_tokens", info.max_total_num_tokens))
     if metrics is not None and metrics.max_total_num_tokens is not None:
-        pool_readings.append(("/metrics pool (sglang:max_total_num_tokens or vllm:cache_config_info)", metrics.max_total_num_tokens))
-    pool_source, pool = (
-        min(pool_readings, key=lambda item: item[1]) if pool_readings else (None, None)
-    )
+        pool_readings.append(
+            ("/metrics pool (sglang:max_total_num_tokens or vllm:cache_config_info)", metrics.max_total_num_tokens)
+        )
+    pool_source, pool = min(pool_readings, key=lambda item: item[1]) if pool_readings else (None, None)
     if len({value for _, value in pool_readings}) > 1:
         notes.append(
             "pool readings disagree: "
@@ -456,7 +445,7 @@ def check_url_facts(facts: UrlFacts, name: str | None = None) -> PreflightRow:
         )
 
     status, reason = judge_pool(pool, context)
-    if status is Status.UNKNOWN and facts.errors:
+    if status is Verdict.INCONCLUSIVE and facts.errors:
         reason += " (" + "; ".join(f"{path}: {error}" for path, error in facts.errors.items()) + ")"
     role = None
     if info is not None and info.disaggregation_mode:
@@ -497,16 +486,12 @@ def check_url(
 # --------------------------------------------------------------------------------------------------
 
 
-def run_preflight(
-    inputs: PreflightInputs, *, timeout: float = DEFAULT_TIMEOUT_S
-) -> PreflightReport:
+def run_preflight(inputs: PreflightInputs, *, timeout: float = DEFAULT_TIMEOUT_S) -> PreflightReport:
     """Check every node: logs in the order given, then URLs (fetched concurrently)."""
     rows = [check_log(path, name) for name, path in inputs.logs]
     if inputs.urls:
         with ThreadPoolExecutor(max_workers=min(8, len(inputs.urls))) as pool:
-            rows.extend(
-                pool.map(lambda item: check_url(item[1], item[0], timeout=timeout), inputs.urls)
-            )
+            rows.extend(pool.map(lambda item: check_url(item[1], item[0], timeout=timeout), inputs.urls))
     return PreflightReport(rows=rows)
 
 
@@ -527,10 +512,7 @@ def _align(rows: list[list[str]], right: set[int]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for row in rows:
-        cells = [
-            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
-            for i, cell in enumerate(row)
-        ]
+        cells = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)]
         lines.append("  ".join(cells).rstrip())
     return lines
 
@@ -547,7 +529,7 @@ def format_report(report: PreflightReport) -> str:
             _fmt_int(row.context_len),
             _fmt_ratio(row.ratio),
             "-" if row.max_req_input_len is None else f"{row.max_req_input_len:,}",
-            row.status.value,
+            STATUS_LABELS[row.status],
             row.reason,
         ]
         for row in report.rows
@@ -564,10 +546,7 @@ def format_report(report: PreflightReport) -> str:
                 f"scheduler: the incident's trigger"
             )
         if row.source == "url" and (row.pool_source or row.context_source):
-            extra.append(
-                f"sources: pool from {row.pool_source or '?'}, "
-                f"context from {row.context_source or '?'}"
-            )
+            extra.append(f"sources: pool from {row.pool_source or '?'}, context from {row.context_source or '?'}")
         if row.starts:
             start_rows = [
                 [
@@ -579,7 +558,7 @@ def format_report(report: PreflightReport) -> str:
                     f"ranks {', '.join(start.ranks) or 'none'}",
                     f"pool {_fmt_int(start.pool_tokens)}",
                     f"context {_fmt_int(start.context_len)}",
-                    start.status.value,
+                    STATUS_LABELS[start.status],
                     "(judged)" if start.judged else "",
                 ]
                 for start in row.starts

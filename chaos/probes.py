@@ -14,40 +14,57 @@ from dataclasses import dataclass
 import httpx
 
 from chaos.journal import RequestRecord
-from chaos.oracles.canary import MarkerCodec
-from loadprofiles.exchange import ROUTES, perform, request_body
-from loadprofiles.prompts import Message, Prompt
-from loadprofiles.recorder import Observed, Sent, build_record, judge
-from loadprofiles.sse import DEFAULT_BODY_CAP, Api
+from chaos.markers import MarkerCodec
+from loadprofiles.exchange import ROUTES, record_exchange, request_body
+from loadprofiles.prompts import Prompt
+from loadprofiles.recorder import Sent
+from loadprofiles.sse import Api
 
-FILLER = ("The quarterly ledger lists revenue churn and the support backlog for each region with notes "
-          "from the engineers on call about incidents and their follow ups ")
+FILLER = (
+    "The quarterly ledger lists revenue churn and the support backlog for each region with notes "
+    "from the engineers on call about incidents and their follow ups "
+)
 
 
 # Adapter probes share this opening across adapters: a prefix cache whose key forgets the adapter
 # hands one adapter's KV to the other (bug class K6).
-ADAPTER_PREFIX = ("System: you are the release assistant. Answer in short sentences, cite the ticket "
-                  "numbers you are given and never invent figures that the note does not contain. ")
+ADAPTER_PREFIX = (
+    "System: you are the release assistant. Answer in short sentences, cite the ticket "
+    "numbers you are given and never invent figures that the note does not contain. "
+)
 ADAPTERS = ("adapter-a", "adapter-b")  # names for a target that does not list its adapters
 CHARS_PER_TOKEN = 4.0  # a common tokenizer on English text, when the target does not count tokens
 SIZING_REPEATS = 8  # the filler this many times (~1,200 characters) sizes the probes
 
 
-def chars_per_token(client: httpx.Client, base_url: str, api: str, index: int,
-                    timeout_s: float = 30.0, model: str = "default") -> tuple[float, RequestRecord]:
+def _route_for(api: str) -> Api:
+    """SGLang's own route where the target serves it (streamed, it times the first token)."""
+    return "generate" if api == "sglang" else "completions"
+
+
+def chars_per_token(
+    client: httpx.Client, base_url: str, api: str, index: int, timeout_s: float = 30.0, model: str = "default"
+) -> tuple[float, RequestRecord]:
     """Characters of the probes' filler per prompt token on the target's own tokenizer, from one
     request with no markers (the target counts its tokens), and that request's record.
     CHARS_PER_TOKEN when the target does not count them."""
-    route: Api = "generate" if api == "sglang" else "completions"
+    route = _route_for(api)
     text = FILLER * SIZING_REPEATS
-    prompt = Prompt(kind="sizing", messages=(Message("user", text),), markers=(), repeat=False, est_tokens=len(text) // 4)
-    body = request_body(route, prompt, stream=False, max_tokens=1, model=model, rid=None)
-    sent = Sent(id=f"sizing-{uuid.uuid4().hex[:8]}", request_index=index, phase="baseline", user_kind="sizing",
-                actor="runner", endpoint=ROUTES[route], stream=False, markers=(), prompt=text, max_tokens=1,
-                planned_send=None)
-    obs = Observed()
-    perform(client, base_url + ROUTES[route], body, api=route, timeout_s=timeout_s, obs=obs, cap=DEFAULT_BODY_CAP)
-    record = build_record(sent, obs, judge(obs))
+    body = request_body(route, Prompt.user("sizing", text), stream=False, max_tokens=1, model=model, rid=None)
+    sent = Sent(
+        id=f"sizing-{uuid.uuid4().hex[:8]}",
+        request_index=index,
+        phase="baseline",
+        user_kind="sizing",
+        actor="runner",
+        endpoint=ROUTES[route],
+        stream=False,
+        markers=(),
+        prompt=text,
+        max_tokens=1,
+        planned_send=None,
+    )
+    record = record_exchange(client, base_url, route, body, sent, timeout_s=timeout_s)
     counted = record.prompt_tokens
     return (len(text) / counted if record.status == 200 and counted and counted > 0 else CHARS_PER_TOKEN), record
 
@@ -61,8 +78,15 @@ class Probe:
     lora_path: str | None = None
 
 
-def build_probes(codec: MarkerCodec, count: int, context_tokens: int | None, max_tokens: int, *,
-                 adapters: tuple[str, ...] = ADAPTERS, chars_per_token: float = CHARS_PER_TOKEN) -> list[Probe]:
+def build_probes(
+    codec: MarkerCodec,
+    count: int,
+    context_tokens: int | None,
+    max_tokens: int,
+    *,
+    adapters: tuple[str, ...] = ADAPTERS,
+    chars_per_token: float = CHARS_PER_TOKEN,
+) -> list[Probe]:
     """Lengths spread from short to about half the context (the timing oracle needs the spread),
     in characters of the filler at `chars_per_token` (measured on the target: `chars_per_token`);
     every other probe asks the model to repeat (its markers then come back out); with two or more
@@ -105,19 +129,33 @@ def reader_order(probes: list[Probe]) -> list[Probe]:
     return ranked[: (len(ranked) + 1) // 2]
 
 
-def send_probe(client: httpx.Client, base_url: str, probe: Probe, phase: str, api: str, timeout_s: float = 60.0,
-               model: str = "default") -> RequestRecord:
+def send_probe(
+    client: httpx.Client,
+    base_url: str,
+    probe: Probe,
+    phase: str,
+    api: str,
+    timeout_s: float = 60.0,
+    model: str = "default",
+) -> RequestRecord:
     """Send one probe, streamed, and return its record (never raises on HTTP trouble). `model` is
     the name the target's /v1/models gave (an OpenAI server may refuse any other)."""
-    route: Api = "generate" if api == "sglang" else "completions"
-    prompt = Prompt(kind="probe", messages=(Message("user", probe.prompt),), markers=probe.markers,
-                    repeat="repeat" in probe.prompt, est_tokens=len(probe.prompt) // 4)
+    route = _route_for(api)
+    prompt = Prompt.user("probe", probe.prompt, probe.markers, repeat="repeat" in probe.prompt)
     body = request_body(route, prompt, stream=True, max_tokens=probe.max_tokens, model=model, rid=None)
     if probe.lora_path:
         body["lora_path"] = probe.lora_path
-    sent = Sent(id=f"probe-{probe.index}-{phase}-{uuid.uuid4().hex[:8]}", request_index=probe.index, phase=phase,
-                user_kind="probe", actor="runner", endpoint=ROUTES[route], stream=True, markers=probe.markers,
-                prompt=probe.prompt, max_tokens=probe.max_tokens, planned_send=None)
-    obs = Observed()
-    perform(client, base_url + ROUTES[route], body, api=route, timeout_s=timeout_s, obs=obs, cap=DEFAULT_BODY_CAP)
-    return build_record(sent, obs, judge(obs))
+    sent = Sent(
+        id=f"probe-{probe.index}-{phase}-{uuid.uuid4().hex[:8]}",
+        request_index=probe.index,
+        phase=phase,
+        user_kind="probe",
+        actor="runner",
+        endpoint=ROUTES[route],
+        stream=True,
+        markers=probe.markers,
+        prompt=probe.prompt,
+        max_tokens=probe.max_tokens,
+        planned_send=None,
+    )
+    return record_exchange(client, base_url, route, body, sent, timeout_s=timeout_s)

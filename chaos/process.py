@@ -6,6 +6,7 @@ killing one PID of a real engine leaves its worker processes alive (vLLM: docs/v
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 # Process states of a member that has exited (a zombie waits only to be reaped): it runs nothing
 # and holds no port, so a group of them is gone.
@@ -78,10 +80,8 @@ class ManagedProcess:
         return group_states(self.pgid)
 
     def signal_group(self, signum: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signum)
-        except ProcessLookupError:
-            pass
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGCONT (a paused group cannot exit), SIGTERM, then SIGKILL after `timeout_s`."""
@@ -171,8 +171,10 @@ def check_listener(url: str, process: ManagedProcess) -> None:
     if not sockets or any(_holds(pid, sockets) for pid in group_members(process.pgid)):
         return
     owners = _owners(sockets)
-    raise PortTaken(f"{url} is answered by pid {', '.join(map(str, sorted(owners))) or '(unknown)'}, not by "
-                    f"{process.name} (process group {process.pgid}): Address already in use")
+    raise PortTaken(
+        f"{url} is answered by pid {', '.join(map(str, sorted(owners))) or '(unknown)'}, not by "
+        f"{process.name} (process group {process.pgid}): Address already in use"
+    )
 
 
 def says_port_taken(text: str) -> bool:
@@ -228,6 +230,22 @@ def process_state(pid: int) -> str | None:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
+        return None
+
+
+def started_at(pid: int) -> float | None:
+    """When a process started (epoch seconds, as `ps -o lstart` gives it), None if it is gone: with
+    the pid, what tells a process from a later one that reuses its pid."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def command_line(pid: int) -> str | None:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return None
 
 

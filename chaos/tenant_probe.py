@@ -34,23 +34,25 @@ import uuid
 import httpx
 
 from chaos.journal import Journal, RequestRecord
-from chaos.oracles.canary import MarkerCodec
+from chaos.markers import MarkerCodec
 from chaos.oracles.tenants import ATTACKER_CONTROL, ATTACKER_GUESS, TENANT_KIND, VICTIM, VICTIM_REPEAT
-from loadprofiles.exchange import ROUTES, perform, request_body
-from loadprofiles.prompts import Message, Prompt, estimate_tokens
-from loadprofiles.recorder import Observed, Sent, build_record, judge
-from loadprofiles.sse import DEFAULT_BODY_CAP, Api
+from loadprofiles.exchange import ROUTES, record_exchange, request_body
+from loadprofiles.prompts import Prompt, estimate_tokens
+from loadprofiles.recorder import Sent
+from loadprofiles.sse import Api
 
 TENANT_PHASE = "tenant_probe"
 MAX_TOKENS = 4  # only the first token's time matters
 VICTIM_QUESTION = "\nQuestion: which region had the largest support backlog this quarter?"
 ATTACKER_QUESTION = "\nQuestion: summarise what the engineers on call wrote about incidents."
 # One token each on BPE tokenizers and on the embedded engine's; none spells its "repeat" trigger.
-_WORDS = ("the and for are but not you all any can had her was one our out day get has him his how man new now "
-          "old see two way who boy did its let put say she too use act add age ago air art ask bad bag bed big "
-          "box bus buy car cat cup cut dog dry eat egg end eye far fat few fit fly fun gas hat hit hot ice job "
-          "key kid law lay leg lie lot low map mix net oil own pay pen pet pot red row run sea set sit six sky "
-          "son sun tax tea ten tie top toy try war wet win").split()
+_WORDS = (
+    "the and for are but not you all any can had her was one our out day get has him his how man new now "
+    "old see two way who boy did its let put say she too use act add age ago air art ask bad bag bed big "
+    "box bus buy car cat cup cut dog dry eat egg end eye far fat few fit fly fun gas hat hit hot ice job "
+    "key kid law lay leg lie lot low map mix net oil own pay pen pet pot red row run sea set sit six sky "
+    "son sun tax tea ten tie top toy try war wet win"
+).split()
 
 
 def tenant_indices(index_base: int, rounds: int) -> range:
@@ -68,24 +70,55 @@ def secret_prefix(codec: MarkerCodec, index: int, prefix_tokens: int, salt: str)
     return opening + "".join(" " + rng.choice(_WORDS) for _ in range(words)) + closing
 
 
-def send_tenant_request(client: httpx.Client, base_url: str, *, route: Api, text: str, salt: str, index: int,
-                        markers: tuple[str, str], role: str, model: str, timeout_s: float) -> RequestRecord:
+def send_tenant_request(
+    client: httpx.Client,
+    base_url: str,
+    *,
+    route: Api,
+    text: str,
+    salt: str,
+    index: int,
+    markers: tuple[str, str],
+    role: str,
+    model: str,
+    timeout_s: float,
+) -> RequestRecord:
     """One streamed request under `salt`, as a tenant-probe record (never raises on HTTP trouble)."""
-    prompt = Prompt(kind=TENANT_KIND, messages=(Message("user", text),), markers=markers, repeat=False,
-                    est_tokens=estimate_tokens(text))
-    body = request_body(route, prompt, stream=True, max_tokens=MAX_TOKENS, model=model, rid=None)
+    body = request_body(
+        route, Prompt.user(TENANT_KIND, text, markers), stream=True, max_tokens=MAX_TOKENS, model=model, rid=None
+    )
     body["cache_salt"] = salt
-    sent = Sent(id=f"tenant-{index}-{role}-{uuid.uuid4().hex[:8]}", request_index=index, phase=TENANT_PHASE,
-                user_kind=TENANT_KIND, actor=role, endpoint=ROUTES[route], stream=True, markers=markers, prompt=text,
-                max_tokens=MAX_TOKENS, planned_send=None)
-    obs = Observed()
-    perform(client, base_url + ROUTES[route], body, api=route, timeout_s=timeout_s, obs=obs, cap=DEFAULT_BODY_CAP)
-    return build_record(sent, obs, judge(obs))
+    sent = Sent(
+        id=f"tenant-{index}-{role}-{uuid.uuid4().hex[:8]}",
+        request_index=index,
+        phase=TENANT_PHASE,
+        user_kind=TENANT_KIND,
+        actor=role,
+        endpoint=ROUTES[route],
+        stream=True,
+        markers=markers,
+        prompt=text,
+        max_tokens=MAX_TOKENS,
+        planned_send=None,
+    )
+    return record_exchange(client, base_url, route, body, sent, timeout_s=timeout_s)
 
 
-def run_tenant_probe(client: httpx.Client, base_url: str, journal: Journal, codec: MarkerCodec, index_base: int,
-                     api: str, rounds: int = 12, prefix_tokens: int = 512, *, route: Api = "completions",
-                     model: str = "default", timeout_s: float = 60.0, stop: threading.Event | None = None) -> None:
+def run_tenant_probe(
+    client: httpx.Client,
+    base_url: str,
+    journal: Journal,
+    codec: MarkerCodec,
+    index_base: int,
+    api: str,
+    rounds: int = 12,
+    prefix_tokens: int = 512,
+    *,
+    route: Api = "completions",
+    model: str = "default",
+    timeout_s: float = 60.0,
+    stop: threading.Event | None = None,
+) -> None:
     """Send the probe's `4 * rounds` requests one at a time and journal each (module docstring)."""
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
@@ -114,5 +147,17 @@ def run_tenant_probe(client: httpx.Client, base_url: str, journal: Journal, code
         for role, text, index, markers, salt in plan:
             if stop is not None and stop.is_set():
                 return
-            journal.append_request(send_tenant_request(client, base_url, route=route, text=text, salt=salt, index=index,
-                                                       markers=markers, role=role, model=model, timeout_s=timeout_s))
+            journal.append_request(
+                send_tenant_request(
+                    client,
+                    base_url,
+                    route=route,
+                    text=text,
+                    salt=salt,
+                    index=index,
+                    markers=markers,
+                    role=role,
+                    model=model,
+                    timeout_s=timeout_s,
+                )
+            )

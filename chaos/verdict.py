@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from chaos.exit_codes import ExitCode
+
 
 class Verdict(str, Enum):
     PASS = "PASS"
@@ -20,10 +22,7 @@ class Verdict(str, Enum):
 
     @property
     def exit_code(self) -> int:
-        return {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INCONCLUSIVE: 3}[self]
-
-
-EXIT_USAGE = 2
+        return ExitCode[self.value]  # the codes share the verdicts' names
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,9 @@ class OracleResult:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_findings(cls, name: str, checked: int, findings: list[Finding], notes: list[str] | None = None,
-                      minimum_checked: int = 1) -> OracleResult:
+    def from_findings(
+        cls, name: str, checked: int, findings: list[Finding], notes: list[str] | None = None, minimum_checked: int = 1
+    ) -> OracleResult:
         """FAIL on any failing finding; INCONCLUSIVE on an inconclusive one or too few checks."""
         verdict = combine(f.verdict for f in findings)
         notes = list(notes or [])

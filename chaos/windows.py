@@ -43,7 +43,9 @@ def windows_from_events(events: Iterable[JournalEvent]) -> list[FaultWindow]:
             continue
         data = dict(event.data)
         wid = str(data.get("window", event.name))
-        window = windows.setdefault(wid, FaultWindow(window_id=wid, fault=event.name, params=dict(data.get("params", {}))))
+        window = windows.setdefault(
+            wid, FaultWindow(window_id=wid, fault=event.name, params=dict(data.get("params", {})))
+        )
         step = data.get("step")
         if step == "inject":
             window.start = event.t

@@ -19,10 +19,18 @@ from chaos.journal import Journal
 from chaos.targets.base import Target
 from faults.undo import UndoAction, leftovers, perform
 
+
 @dataclass(frozen=True)
 class Confirmation:
     confirmed: bool
     evidence: str
+
+
+class FaultNotAvailable(RuntimeError):
+    """This fault cannot act on this target or host; the message says why ("not available here: ...")."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"not available here: {reason}")
 
 
 @dataclass
@@ -44,7 +52,9 @@ class FaultParams:
         names = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - set(names))
         if unknown:
-            raise UsageError(f"{where}: unknown parameter(s) {', '.join(unknown)}; this fault takes: {', '.join(names) or 'none'}")
+            raise UsageError(
+                f"{where}: unknown parameter(s) {', '.join(unknown)}; this fault takes: {', '.join(names) or 'none'}"
+            )
         values: dict[str, Any] = {}
         for name, value in data.items():
             expected = names[name].type
@@ -80,7 +90,7 @@ def _coerce(value: Any, type_name: str, where: str) -> Any:
         if not isinstance(value, str):
             raise UsageError(f"{where}: {value!r} must be a string")
         if base.startswith("Literal"):
-            allowed = [part.strip().strip("'\"") for part in base[len("Literal["):-1].split(",")]
+            allowed = [part.strip().strip("'\"") for part in base[len("Literal[") : -1].split(",")]
             if value not in allowed:
                 raise UsageError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
         return value

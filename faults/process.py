@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 from chaos.errors import UsageError
 from chaos.process import live_states
-from chaos.targets.dialect import dialect_of
 from faults.base import Confirmation, Fault, FaultContext, FaultParams
 from faults.signals import LogCursor, healthy, transfer_failures
 from faults.undo import UndoAction
@@ -28,7 +27,9 @@ def _procs(ctx: FaultContext, role: str) -> list[Any]:
     """The role's process groups, as handles that act beside them (on their Ray node, if remote)."""
     procs = ctx.target.processes(role)
     if not procs:
-        raise UsageError(f"the target gives no process access to {role}: this fault needs a launched target or process ids")
+        raise UsageError(
+            f"the target gives no process access to {role}: this fault needs a launched target or process ids"
+        )
     return procs
 
 
@@ -85,7 +86,7 @@ class TransferStall(Fault):
     def confirm(self, ctx: FaultContext) -> Confirmation:
         """Stopped, and the peer really timed out on it: a stall nobody waited on proves nothing."""
         peer = _peer(self.params.role)  # type: ignore[attr-defined]
-        timeouts = ctx.baseline["peer_log"].count(ctx.target.logs(peer), dialect_of(ctx.target).transfer_timeout_log)
+        timeouts = ctx.baseline["peer_log"].count(ctx.target.logs(peer), ctx.target.dialect.transfer_timeout_log)
         failed = transfer_failures(ctx.target, peer) - ctx.baseline["failures"]
         evidence = f"stopped={ctx.baseline['stopped']}, transfer timeouts in {peer} log={timeouts}, {peer} failed-transfer counters +{failed:.0f}"
         return Confirmation(bool(ctx.baseline["stopped"]) and (timeouts > 0 or failed > 0), evidence)
@@ -136,7 +137,7 @@ class ProcessKill(Fault):
     def _role_healthy(self, ctx: FaultContext) -> bool:
         p: KillParams = self.params  # type: ignore[assignment]
         endpoints = ctx.target.endpoints
-        url = endpoints.router_url if p.role == "router" else endpoints.of(p.role)[0].url  # type: ignore[arg-type]
+        url = endpoints.router_url if p.role == "router" else endpoints.of(p.role)[0].url
         return healthy(url, timeout_s=1.0)
 
     def confirm(self, ctx: FaultContext) -> Confirmation:
@@ -144,5 +145,7 @@ class ProcessKill(Fault):
         lingering, health = ctx.baseline["lingering"], ctx.baseline["health_during"]
         what = "stopped" if p.signal == "STOP" else "gone"
         left = f" (after {EFFECT_TIMEOUT_S:.0f} s still: {_states(lingering)})" if lingering else ""
-        return Confirmation(not lingering and not health,
-                            f"process group {what}={not lingering}{left}, {p.role} health during fault={health}")
+        return Confirmation(
+            not lingering and not health,
+            f"process group {what}={not lingering}{left}, {p.role} health during fault={health}",
+        )

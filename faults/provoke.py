@@ -50,18 +50,12 @@ import httpx
 
 from chaos.errors import UsageError
 from chaos.journal import EventKind, JournalEvent
-from chaos.targets.dialect import WorkerLimits, dialect_of
+from chaos.limits import WorkerLimits
+from chaos.refusal import read_refusal
 from faults.base import FaultContext
-from faults.traffic import (
-    INDEX_SPAN,
-    KIND_OVER_LENGTH,
-    FIXED_TOKENS_ESTIMATE,
-    Exchange,
-    Sizer,
-    TrafficSource,
-    send,
-    tokens_in_message,
-)
+from faults.traffic.exchange import KIND_OVER_LENGTH, Exchange, send
+from faults.traffic.source import FIXED_TOKENS_ESTIMATE, INDEX_SPAN, TrafficSource
+from loadprofiles.sizing import Sizer
 
 log = logging.getLogger("pdchaos.provoke")
 
@@ -114,11 +108,15 @@ class ProvokeSettings:
         if value is False:
             return cls(enabled=False)
         if not isinstance(value, Mapping):
-            raise UsageError(f"{where}: {value!r} must be true, false or a mapping of {', '.join(f.name for f in dataclasses.fields(cls))}")
+            raise UsageError(
+                f"{where}: {value!r} must be true, false or a mapping of {', '.join(f.name for f in dataclasses.fields(cls))}"
+            )
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(value) - names)
         if unknown:
-            raise UsageError(f"{where}: unknown setting(s) {', '.join(unknown)}; provoke takes: {', '.join(sorted(names))}")
+            raise UsageError(
+                f"{where}: unknown setting(s) {', '.join(unknown)}; provoke takes: {', '.join(sorted(names))}"
+            )
         data = dict(value)
         if "kinds" in data:
             kinds = data["kinds"]
@@ -126,11 +124,16 @@ class ProvokeSettings:
                 raise UsageError(f"{where}.kinds: {kinds!r} must be a list of {', '.join(KINDS)}")
             data["kinds"] = tuple(kinds)
         for name, low, high in (("interval_s", 0.05, 60.0), ("after_heal_s", 0.0, 300.0)):
-            if name in data and (isinstance(data[name], bool) or not isinstance(data[name], (int, float))
-                                 or not low <= data[name] <= high):
+            if name in data and (
+                isinstance(data[name], bool)
+                or not isinstance(data[name], (int, float))
+                or not low <= data[name] <= high
+            ):
                 raise UsageError(f"{where}.{name}: {data[name]!r} must be a number in {low}..{high}")
         for name, low, high in (("wave_size", 0, 64), ("band_count", 0, 32), ("burst", 0, 256)):
-            if name in data and (isinstance(data[name], bool) or not isinstance(data[name], int) or not low <= data[name] <= high):
+            if name in data and (
+                isinstance(data[name], bool) or not isinstance(data[name], int) or not low <= data[name] <= high
+            ):
                 raise UsageError(f"{where}.{name}: {data[name]!r} must be an integer in {low}..{high}")
         if "enabled" in data and not isinstance(data["enabled"], bool):
             raise UsageError(f"{where}.enabled: {data['enabled']!r} must be true or false")
@@ -171,7 +174,7 @@ class RoleLimits:
     @property
     def first_rejected(self) -> int | None:
         """The shortest prompt this role rejects (SGLang: >= max_req_input_len, or >= context)."""
-        bounds = [n for n in (self.limits.max_input_tokens, self.limits.context_length) if n is not None]
+        bounds = [n for n in (self.limits.max_req_input_len, self.limits.context_length) if n is not None]
         return min(bounds) if bounds else None
 
 
@@ -216,8 +219,10 @@ def plan_wave(roles: list[RoleLimits], size: int, n: int) -> list[Shot]:
     """`size` fresh short requests and one multi-chunk prompt, all under every role's limit."""
     bounds = [r.first_rejected for r in roles if r.first_rejected is not None]
     ceiling = min(bounds) - 40 if bounds else MULTI_CHUNK_TOKENS + 40  # prompt + 32 generated stays admitted
-    shots = [Shot("reuse", "fresh request for freed pages", SHORT_TOKENS[(n + i) % 2], False, REUSE_NEW_TOKENS)
-             for i in range(size)]
+    shots = [
+        Shot("reuse", "fresh request for freed pages", SHORT_TOKENS[(n + i) % 2], False, REUSE_NEW_TOKENS)
+        for i in range(size)
+    ]
     multi = min(MULTI_CHUNK_TOKENS, ceiling)
     if multi > SHORT_TOKENS[1]:
         shots.append(Shot("reuse", "multi-chunk prompt", multi, False, 16))
@@ -242,8 +247,14 @@ class _Tally:
 class Provoker(TrafficSource):
     """Runs one window's provocations in a thread of its own, beside the fault."""
 
-    def __init__(self, fault: str, settings: ProvokeSettings, request_timeout_s: float = REQUEST_TIMEOUT_S,
-                 lingers_s: float = 0.0, replay_probe: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        fault: str,
+        settings: ProvokeSettings,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        lingers_s: float = 0.0,
+        replay_probe: Callable[[], None] | None = None,
+    ) -> None:
         self.name = fault
         self.settings = settings
         # Sends one reference probe and journals it (the runner's); each reuse wave carries one.
@@ -271,7 +282,7 @@ class Provoker(TrafficSource):
             return
         self._setup(ctx, offset=INDEX_SPAN // 2)  # the upper half of the window's index range
         self._ctx = ctx
-        self._sizer = Sizer(float(FIXED_TOKENS_ESTIMATE), 1.0, exact=False)
+        self._sizer = Sizer.estimated(FIXED_TOKENS_ESTIMATE)
         self._roles_before = self._roles()
         try:
             self._sizer = asyncio.run(self._measure())
@@ -313,11 +324,21 @@ class Provoker(TrafficSource):
             exchanges = list(self._exchanges)
         self.journal(self._ctx, exchanges)
         if self._ctx.journal is not None:
-            self._ctx.journal.append_event(JournalEvent(EventKind.FAULT, self.name, {
-                "window": self._ctx.window_id, "step": "provoke", "kinds": list(self.kinds), **self._plan,
-                "sent": dict(self._tally.sent), "statuses": dict(self._tally.statuses),
-                "landed": {k: sorted(v) for k, v in self._tally.landed.items()},
-            }))
+            self._ctx.journal.append_event(
+                JournalEvent(
+                    EventKind.FAULT,
+                    self.name,
+                    {
+                        "window": self._ctx.window_id,
+                        "step": "provoke",
+                        "kinds": list(self.kinds),
+                        **self._plan,
+                        "sent": dict(self._tally.sent),
+                        "statuses": dict(self._tally.statuses),
+                        "landed": {k: sorted(v) for k, v in self._tally.landed.items()},
+                    },
+                )
+            )
 
     # ------------------------------------------------------------------------ the thread ----
 
@@ -332,7 +353,7 @@ class Provoker(TrafficSource):
 
     def _roles(self) -> list[RoleLimits]:
         target = self._ctx.target
-        dialect = dialect_of(target)
+        dialect = target.dialect
         workers = target.endpoints.workers
         if not workers:
             return [RoleLimits("router", dialect.limits(target.endpoints.router_url))]
@@ -343,11 +364,18 @@ class Provoker(TrafficSource):
         # Limits as they are now only where the fault changes them (a restart): a stalled or
         # killed role answers nothing, and its limits are the ones read before the fault.
         roles = await asyncio.to_thread(self._roles) if "band" in self.kinds else self._roles_before
-        self._plan["limits"] = {r.role: {"pool_tokens": r.limits.pool_tokens, "context_length": r.limits.context_length,
-                                         "max_input_tokens": r.limits.max_input_tokens} for r in roles}
+        self._plan["limits"] = {
+            r.role: {
+                "pool_tokens": r.limits.pool_tokens,
+                "context_length": r.limits.context_length,
+                "max_input_tokens": r.limits.max_req_input_len,
+            }
+            for r in roles
+        }
         timeout = httpx.Timeout(self.request_timeout_s, connect=5.0)
-        async with httpx.AsyncClient(timeout=timeout, trust_env=False,
-                                     limits=httpx.Limits(max_connections=MAX_IN_FLIGHT)) as client:
+        async with httpx.AsyncClient(
+            timeout=timeout, trust_env=False, limits=httpx.Limits(max_connections=MAX_IN_FLIGHT)
+        ) as client:
             sizer = self._sizer
             self._plan["sizing"] = "measured" if sizer.exact else "estimated (the target reports no token counts)"
             tasks: set[asyncio.Task[Any]] = set()
@@ -412,8 +440,9 @@ class Provoker(TrafficSource):
         bounds = [r.first_rejected for r in roles if r.first_rejected is not None]
         ceiling = min(bounds) - 40 if bounds else 2048
         long = max(SHORT_TOKENS[1], min(ceiling, 4 * SHARED_OPENING_WORDS))
-        return ([Shot("prefix", "shared opening", SHARED_OPENING_WORDS + SHORT_TOKENS[0], False, 32) for _ in range(3)]
-                + [Shot("prefix", "eviction pressure", long, False, 8) for _ in range(2)])
+        return [
+            Shot("prefix", "shared opening", SHARED_OPENING_WORDS + SHORT_TOKENS[0], False, 32) for _ in range(3)
+        ] + [Shot("prefix", "eviction pressure", long, False, 8) for _ in range(2)]
 
     def _keep(self, exchanges: list[Exchange]) -> None:
         with self._lock:
@@ -425,10 +454,17 @@ class Provoker(TrafficSource):
             text, markers = self._shared_prompt(index, shot.tokens - SHARED_OPENING_WORDS)
         else:
             text, markers = self.prompt(index, sizer.repetitions(shot.tokens), INSTRUCTION)
-        ex = self.exchange(index, (text, markers), KIND_OVER_LENGTH if shot.over_limit else KIND_PROVOCATION,
-                           shot.max_new_tokens, stream=shot.kind != "band")
-        ex.notes.append(f"provoke {shot.kind}: {shot.label}, aimed at {shot.tokens} tokens"
-                        + ("" if sizer.exact else " (estimated)"))
+        ex = self.exchange(
+            index,
+            (text, markers),
+            KIND_OVER_LENGTH if shot.over_limit else KIND_PROVOCATION,
+            shot.max_new_tokens,
+            stream=shot.kind != "band",
+        )
+        ex.details.append(
+            f"provoke {shot.kind}: {shot.label}, aimed at {shot.tokens} tokens"
+            + ("" if sizer.exact else " (estimated)")
+        )
         self._keep([ex])
         self._tally.sent[shot.kind] += 1
         try:
@@ -439,7 +475,7 @@ class Provoker(TrafficSource):
         finally:
             status = str(ex.status) if ex.status is not None else (ex.transport[0] if ex.transport else "no answer")
             self._tally.statuses[f"{shot.kind} {status}"] += 1
-            counted = ex.prompt_tokens if ex.prompt_tokens is not None else tokens_in_message(ex.error_message or "")
+            counted = ex.prompt_tokens if ex.prompt_tokens is not None else read_refusal(ex.error_message).prompt_tokens
             if shot.kind == "band" and counted is not None:
                 self._tally.landed.setdefault(shot.label, []).append(counted)
             if shot.over_limit and ex.status == 200 and counted is not None and shot.limit and counted < shot.limit:
@@ -450,5 +486,8 @@ class Provoker(TrafficSource):
         then this request's own markers, repeat instruction and filler."""
         head, tail = self.codec.marker(index, 0), self.codec.marker(index, 1)
         opening = "Shared notes of the provocation:" + " the" * SHARED_OPENING_WORDS
-        return (f"{opening}\n{head} {INSTRUCTION}\n" + " and" * max(1, unique_tokens)
-                + f"\n{tail} Repeat every code word you saw."), [head, tail]
+        return (
+            f"{opening}\n{head} {INSTRUCTION}\n"
+            + " and" * max(1, unique_tokens)
+            + f"\n{tail} Repeat every code word you saw."
+        ), [head, tail]

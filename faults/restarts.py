@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from chaos.errors import UsageError
+from chaos.limits import WorkerLimits
 from faults.base import Confirmation, Fault, FaultContext, FaultParams
-from chaos.targets.dialect import WorkerLimits, dialect_of
 from faults.signals import LogCursor, transfer_failures
 from faults.undo import UndoAction
 
@@ -24,6 +24,15 @@ def _worker_url(ctx: FaultContext, role: str) -> str:
     return ctx.target.endpoints.of(role)[0].url  # type: ignore[arg-type]
 
 
+def _readings(limits: WorkerLimits) -> dict[str, int | None]:
+    """A restarted role's limits, by the names its confirmation evidence gives them."""
+    return {
+        "pool_tokens": limits.pool_tokens,
+        "max_input_tokens": limits.max_req_input_len,
+        "context_length": limits.context_length,
+    }
+
+
 @dataclass(frozen=True)
 class MemoryParams(FaultParams):
     role: Literal["prefill", "decode"] = "prefill"
@@ -32,9 +41,15 @@ class MemoryParams(FaultParams):
     context_length: int | None = None
 
     def changes(self) -> dict[str, Any]:
-        return {k: v for k, v in (("mem_fraction_static", self.mem_fraction_static),
-                                  ("max_total_tokens", self.max_total_tokens),
-                                  ("context_length", self.context_length)) if v is not None}
+        return {
+            k: v
+            for k, v in (
+                ("mem_fraction_static", self.mem_fraction_static),
+                ("max_total_tokens", self.max_total_tokens),
+                ("context_length", self.context_length),
+            )
+            if v is not None
+        }
 
     def validate(self, where: str) -> None:
         if not self.changes():
@@ -60,17 +75,17 @@ class MemoryFraction(Fault):
 
     def inject(self, ctx: FaultContext) -> None:
         p: MemoryParams = self.params  # type: ignore[assignment]
-        dialect = dialect_of(ctx.target)
+        dialect = ctx.target.dialect
         ctx.baseline["before"] = dialect.limits(_worker_url(ctx, p.role))
         ctx.target.restart(p.role, **p.changes())
         ctx.baseline["after"] = dialect.limits(_worker_url(ctx, p.role))
 
     def confirm(self, ctx: FaultContext) -> Confirmation:
         """The restarted role reports the new limits (re-read from the target, not assumed)."""
-        before, after = ctx.baseline.get("before", WorkerLimits()), ctx.baseline.get("after", WorkerLimits())
-        keys = ("pool_tokens", "max_input_tokens", "context_length")
-        changed = [k for k in keys if getattr(before, k) != getattr(after, k) and getattr(after, k) is not None]
-        evidence = ", ".join(f"{k}: {getattr(before, k)} -> {getattr(after, k)}" for k in keys)
+        before = _readings(ctx.baseline.get("before", WorkerLimits()))
+        after = _readings(ctx.baseline.get("after", WorkerLimits()))
+        changed = [k for k in after if before[k] != after[k] and after[k] is not None]
+        evidence = ", ".join(f"{k}: {before[k]} -> {after[k]}" for k in after)
         return Confirmation(bool(changed), evidence)
 
 
@@ -95,8 +110,10 @@ class EngineFailure(Fault):
         return ["prefill", "decode"] if role == "both" else [role]
 
     def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
-        return [UndoAction("restart_role", role=r, settings={"env": ctx.target.role_settings(r).get("env", {})})
-                for r in self._roles()]
+        return [
+            UndoAction("restart_role", role=r, settings={"env": ctx.target.role_settings(r).get("env", {})})
+            for r in self._roles()
+        ]
 
     def inject(self, ctx: FaultContext) -> None:
         # Restarted workers append to the same log file, so a cursor taken now still holds; their
@@ -113,10 +130,16 @@ class EngineFailure(Fault):
         SGLang logs an injected failure only at DEBUG (it has no failure record, so
         `failure_exception()` in disaggregation/common/conn.py calls it another rank's), but its
         decode counts every failed transfer in `sglang:num_transfer_failed_reqs_total`."""
-        lines = sum(cursor.count(ctx.target.logs(role), "injected failure|KVTransferError")
-                    for role, cursor in ctx.baseline["cursors"].items())
-        failed = sum(max(0.0, transfer_failures(ctx.target, role) - before)
-                     for role, before in ctx.baseline.get("failures", {}).items())
-        return Confirmation(lines > 0 or failed > 0,
-                            f"injected-failure or KVTransferError log lines since inject: {lines}; "
-                            f"failed transfers counted since the restart: {failed:g}")
+        lines = sum(
+            cursor.count(ctx.target.logs(role), "injected failure|KVTransferError")
+            for role, cursor in ctx.baseline["cursors"].items()
+        )
+        failed = sum(
+            max(0.0, transfer_failures(ctx.target, role) - before)
+            for role, before in ctx.baseline.get("failures", {}).items()
+        )
+        return Confirmation(
+            lines > 0 or failed > 0,
+            f"injected-failure or KVTransferError log lines since inject: {lines}; "
+            f"failed transfers counted since the restart: {failed:g}",
+        )

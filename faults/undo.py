@@ -114,8 +114,11 @@ def leftovers(plan: list[UndoAction], target: Any | None) -> list[str]:
     for action in plan:
         if action.kind == "sigcont" and action.pgid is not None:
             handle = _handle(target, action)
-            states = handle.group_states() if handle is not None else {
-                pid: process_state(pid) for pid in group_members(action.pgid)}
+            states = (
+                handle.group_states()
+                if handle is not None
+                else {pid: process_state(pid) for pid in group_members(action.pgid)}
+            )
             stopped = [pid for pid, state in states.items() if state == "T"]
             if stopped:
                 problems.append(f"process group {action.pgid} ({action.role}) still has stopped processes {stopped}")
@@ -128,9 +131,15 @@ def leftovers(plan: list[UndoAction], target: Any | None) -> list[str]:
                     problems.append(f"proxy {action.url} still has faults {faults}")
             except (httpx.HTTPError, ValueError):
                 pass  # a proxy that is gone has no faults left
-        elif action.kind == "revive_role" and action.role and target is not None and not role_alive(target, action.role):
+        elif (
+            action.kind == "revive_role" and action.role and target is not None and not role_alive(target, action.role)
+        ):
             problems.append(f"{action.role} is not running")
-        elif action.kind == "restart_role" and action.role and target is not None:
-            if _settings_differ(target.role_settings(action.role), action.settings):
-                problems.append(f"{action.role} does not run with its original settings")
+        elif (
+            action.kind == "restart_role"
+            and action.role
+            and target is not None
+            and _settings_differ(target.role_settings(action.role), action.settings)
+        ):
+            problems.append(f"{action.role} does not run with its original settings")
     return problems

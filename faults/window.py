@@ -10,15 +10,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
+from typing import Any
 
 from chaos.journal import EventKind, Journal, JournalEvent
 from faults.base import Confirmation, Fault, FaultContext
+from faults.provoke import Provoker
 from faults.undo import UndoAction
-
-if TYPE_CHECKING:
-    from faults.provoke import Provoker
 
 log = logging.getLogger("pdchaos.faults")
 
@@ -42,8 +40,14 @@ def _journal(journal: Journal | None, fault: Fault, window_id: str, step: str, *
         journal.append_event(JournalEvent(EventKind.FAULT, fault.name, {"window": window_id, "step": step, **data}))
 
 
-def run_window(fault: Fault, ctx: FaultContext, duration_s: float, params: dict | None = None,
-               keep_going: Callable[[], bool] = lambda: True, provoker: Provoker | None = None) -> WindowResult:
+def run_window(
+    fault: Fault,
+    ctx: FaultContext,
+    duration_s: float,
+    params: dict[str, Any] | None = None,
+    keep_going: Callable[[], bool] = lambda: True,
+    provoker: Provoker | None = None,
+) -> WindowResult:
     """Hold the fault for `duration_s` (or until `keep_going` turns False), always healing it.
     A `provoker` sends its traffic from the inject on, and on past the heal (faults/provoke.py):
     the caller joins it."""
@@ -68,8 +72,14 @@ def run_window(fault: Fault, ctx: FaultContext, duration_s: float, params: dict 
                 attempt = fault.confirm(ctx)
                 early = attempt if attempt.confirmed else None
         result.confirmation = early or fault.confirm(ctx)
-        _journal(journal, fault, ctx.window_id, "confirm", confirmed=result.confirmation.confirmed,
-                 evidence=result.confirmation.evidence)
+        _journal(
+            journal,
+            fault,
+            ctx.window_id,
+            "confirm",
+            confirmed=result.confirmation.confirmed,
+            evidence=result.confirmation.evidence,
+        )
     except Exception as exc:  # the fault itself broke: record it, still heal
         result.error = f"{type(exc).__name__}: {exc}"
         log.exception("fault %s failed", fault.name)

@@ -31,6 +31,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -116,7 +117,9 @@ def read_state(path: str | Path) -> ClockState | None:
     """The state in the file; None while there is none (the load runs on its own clock)."""
     try:
         data = json.loads(Path(path).read_text())
-        optional = lambda key: None if data[key] is None else float(data[key])  # noqa: E731
-        return ClockState(started_at=optional("started_at"), held_s=float(data["held_s"]), barrier_s=optional("barrier_s"))
+        optional: Callable[[str], float | None] = lambda key: None if data[key] is None else float(data[key])  # noqa: E731
+        return ClockState(
+            started_at=optional("started_at"), held_s=float(data["held_s"]), barrier_s=optional("barrier_s")
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -12,24 +12,13 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from chaos.targets.discovery import TargetFacts
+
 CONFIG_ENV = "PDCHAOS_LOAD_CONFIG"
 
 UserKind = Literal["canary_chat", "prefix_sharing", "long_context", "over_length", "aborting"]
 USER_KINDS: tuple[UserKind, ...] = ("canary_chat", "prefix_sharing", "long_context", "over_length", "aborting")
 ShapeKind = Literal["steady", "ramp", "spike", "stages", "soak"]
-ApiStyle = Literal["sglang", "openai"]
-
-
-@dataclass(frozen=True)
-class TargetFacts:
-    """What the users need of the target; None where the target does not say."""
-
-    model: str = "default"
-    api: ApiStyle = "sglang"  # "sglang": /generate is served too; "openai": OpenAI routes only
-    context_length: int | None = None
-    max_total_num_tokens: int | None = None
-    max_req_input_len: int | None = None
-    abort_urls: tuple[str, ...] = ()  # workers that take POST /abort_request (SGLang: both)
 
 
 @dataclass(frozen=True)

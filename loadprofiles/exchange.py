@@ -1,11 +1,14 @@
 """One HTTP exchange with a target, read as it arrives: no Locust here.
 
-The load users (inside Locust) and the runner's reference probes (in the driver process, where
-Locust must never be imported) send requests the same way, through `perform`.
+Every request the suite sends goes through here and is read by one reader (loadprofiles/sse.py)
+into one `Observed`: the load users (inside Locust) and the runner's probes (in the driver process,
+where Locust must never be imported) through `perform`; the traffic faults, their provocations and
+`pdchaos canary` (asyncio) through `perform_async`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 import traceback
@@ -14,9 +17,10 @@ from typing import Any, Literal
 
 import httpx
 
+from chaos.journal import RequestRecord
 from loadprofiles.prompts import Prompt
-from loadprofiles.recorder import Observed
-from loadprofiles.sse import Api, ResponseReader
+from loadprofiles.recorder import Observed, Sent, build_record, judge
+from loadprofiles.sse import DEFAULT_BODY_CAP, Api, ResponseReader
 
 ROUTES: dict[Api, str] = {"generate": "/generate", "chat": "/v1/chat/completions", "completions": "/v1/completions"}
 CONNECT_TIMEOUT_S = 10.0
@@ -24,7 +28,11 @@ CONNECT_TIMEOUT_S = 10.0
 AbortPhase = Literal["before_first_byte", "after_first_token", "mid_stream", "abort_request"]
 
 
-def request_body(route: Api, prompt: Prompt, *, stream: bool, max_tokens: int, model: str, rid: str | None) -> dict[str, Any]:
+def request_body(
+    route: Api, prompt: Prompt, *, stream: bool, max_tokens: int, model: str | None, rid: str | None
+) -> dict[str, Any]:
+    """`model` None: none is named, and the server answers with its own (a fault does not know
+    the name; vLLM serves one model)."""
     if route == "generate":
         body: dict[str, Any] = {
             "text": prompt.as_text(),
@@ -35,6 +43,8 @@ def request_body(route: Api, prompt: Prompt, *, stream: bool, max_tokens: int, m
             body["rid"] = rid
         return body
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    if model is None:
+        del body["model"]
     if route == "chat":
         body["messages"] = [{"role": m.role, "content": m.content} for m in prompt.messages]
     else:
@@ -70,6 +80,34 @@ def transport_class(exc: Exception) -> str:
     return "client_error"
 
 
+def _opened(response: httpx.Response, obs: Observed, api: Api | None, cap: int) -> ResponseReader:
+    """The headers are in: note them and start reading the body."""
+    obs.t_first_byte = time.time()
+    obs.status = response.status_code
+    obs.sse = "text/event-stream" in response.headers.get("content-type", "")
+    reader = ResponseReader(api, sse=obs.sse, cap=cap)
+    obs.parsed = reader.result
+    return reader
+
+
+def _failed(obs: Observed, exc: Exception, interrupt: Interrupt | None) -> None:
+    error_class = transport_class(exc)
+    if interrupt and interrupt.read_timeout_s and isinstance(exc, httpx.ReadTimeout):
+        when = "before_first_byte" if obs.status is None else "before_first_byte (the headers had arrived)"
+        obs.client_closed = f"at {when}, {interrupt.read_timeout_s * 1000:.0f} ms after sending"
+    else:
+        obs.transport = (error_class, f"{type(exc).__name__}: {exc}"[:500])
+    if error_class == "client_error":
+        traceback.print_exc(file=sys.stderr)  # our bug or a bad URL: make it visible
+
+
+def _ended(obs: Observed, reader: ResponseReader | None, ended_by_server: bool) -> None:
+    now = time.time()
+    if reader is not None:
+        obs.parsed = reader.close(now, ended_by_server=ended_by_server)
+    obs.t_end = now
+
+
 def perform(
     client: httpx.Client,
     url: str,
@@ -91,17 +129,18 @@ def perform(
     obs.t_send = time.time()
     try:
         with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
-            obs.t_first_byte = time.time()
-            obs.status = response.status_code
-            obs.sse = "text/event-stream" in response.headers.get("content-type", "")
-            reader = ResponseReader(api, sse=obs.sse, cap=cap)
-            obs.parsed = reader.result
+            reader = _opened(response, obs, api, cap)
             for chunk in response.iter_bytes():
                 now = time.time()
                 if not reader.feed(chunk, now):
                     break  # over the cap: closing the response drops the connection
                 chunks = len(reader.result.token_times)
-                if interrupt and interrupt.after_chunks and chunks >= interrupt.after_chunks and reader.result.finish is None:
+                if (
+                    interrupt
+                    and interrupt.after_chunks
+                    and chunks >= interrupt.after_chunks
+                    and reader.result.finish is None
+                ):
                     obs.client_closed = f"at {interrupt.phase} (after {chunks} content chunks)"
                     break
                 if now - obs.t_send > timeout_s:
@@ -110,19 +149,56 @@ def perform(
             else:
                 server_ended = True
     except Exception as exc:
-        error_class = transport_class(exc)
-        if interrupt and interrupt.read_timeout_s and isinstance(exc, httpx.ReadTimeout):
-            when = "before_first_byte" if obs.status is None else "before_first_byte (the headers had arrived)"
-            obs.client_closed = f"at {when}, {interrupt.read_timeout_s * 1000:.0f} ms after sending"
-        else:
-            obs.transport = (error_class, f"{type(exc).__name__}: {exc}"[:500])
-        if error_class == "client_error":
-            traceback.print_exc(file=sys.stderr)  # our bug or a bad URL: make it visible
+        _failed(obs, exc, interrupt)
     finally:
-        now = time.time()
-        if reader is not None:
-            obs.parsed = reader.close(now, ended_by_server=server_ended)
-        obs.t_end = now
+        _ended(obs, reader, server_ended)
+
+
+async def perform_async(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    *,
+    api: Api | None,
+    obs: Observed,
+    cap: int,
+    first_token: asyncio.Event | None = None,
+    keep_body: bool = False,
+) -> None:
+    """`perform` for asyncio callers, under the client's own timeouts. `first_token` is set when
+    the first content arrives; `keep_body` keeps the raw body, up to `cap`, in `obs.raw_body`. A cancel
+    (the caller disconnecting on purpose) closes the connection and passes through with `obs`
+    filled so far."""
+    reader: ResponseReader | None = None
+    server_ended = False
+    obs.t_send = time.time()
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            reader = _opened(response, obs, api, cap)
+            kept = obs.raw_body = bytearray() if keep_body else None
+            async for chunk in response.aiter_bytes():
+                if kept is not None:
+                    kept += chunk
+                if not reader.feed(chunk, time.time()) or (kept is not None and len(kept) >= cap):
+                    break
+                if first_token is not None and reader.result.token_times:
+                    first_token.set()
+            else:
+                server_ended = True
+    except Exception as exc:
+        _failed(obs, exc, None)
+    finally:
+        _ended(obs, reader, server_ended)
+
+
+def record_exchange(
+    client: httpx.Client, base_url: str, route: Api, body: dict[str, Any], sent: Sent, *, timeout_s: float
+) -> RequestRecord:
+    """Send one request from outside Locust (the runner's probes) and judge it into its record;
+    never raises on HTTP trouble."""
+    obs = Observed()
+    perform(client, base_url + ROUTES[route], body, api=route, timeout_s=timeout_s, obs=obs, cap=DEFAULT_BODY_CAP)
+    return build_record(sent, obs, judge(obs))
 
 
 def post_aborts(client: httpx.Client, urls: tuple[str, ...], rid: str, obs: Observed) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 try:
     import loadprofiles  # noqa: F401  (installed, or run from the repository root)
@@ -37,8 +38,8 @@ globals().update({cls.__name__: cls for cls in user_classes(CONTEXT)})
 LoadShape = shape_class(CONFIG.shape, CONFIG.clock_path)
 
 
-@events.quitting.add_listener
-def _exit_status(environment, **_kwargs) -> None:  # type: ignore[no-untyped-def]
+@events.quitting.add_listener  # type: ignore[untyped-decorator]  # locust's add_listener is not annotated
+def _exit_status(environment: Any, **_kwargs: Any) -> None:
     """Request failures are findings, not a broken run: only exceptions in our code fail it."""
     runner = environment.runner
     environment.process_exit_code = 1 if runner is not None and runner.exceptions else 0

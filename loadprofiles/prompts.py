@@ -20,8 +20,8 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from chaos.oracles.canary import MarkerCodec
-from loadprofiles.config import TargetFacts
+from chaos.markers import MarkerCodec
+from chaos.targets.discovery import TargetFacts
 
 CHARS_PER_TOKEN = 4
 # Three-letter words: " xyz" is one token. None of them spells the embedded model's "repeat".
@@ -79,12 +79,23 @@ class Prompt:
 
     kind: str  # canary_short, canary_medium, shared_prefix, conversation, long_context, over_length
     messages: tuple[Message, ...]
-    markers: tuple[str, str]
+    markers: tuple[str, ...]  # head and tail (none for a sizing request)
     repeat: bool
     est_tokens: int
     max_tokens: int | None = None  # overrides the config's max_tokens
     threshold: Threshold | None = None
     chat_ok: bool = True  # False: only text routes (a chat template would move the size)
+
+    @classmethod
+    def user(cls, kind: str, text: str, markers: tuple[str, ...] = (), *, repeat: bool = False) -> Prompt:
+        """One user message sent as it is (a probe's, a fault's, the canary's)."""
+        return cls(
+            kind=kind,
+            messages=(Message("user", text),),
+            markers=markers,
+            repeat=repeat,
+            est_tokens=estimate_tokens(text),
+        )
 
     def as_text(self) -> str:
         """One user message is sent bare, so the head marker is the first thing in the prompt."""

@@ -71,7 +71,9 @@ class Observed:
     abort_sent_at: float | None = None  # we POSTed /abort_request at this time
     abort_detail: str | None = None
     load_stopped: bool = False  # Locust stopped this user while the request was in flight
-    notes: list[str] = field(default_factory=list)  # extra anomalies the user found
+    anomalies: list[str] = field(default_factory=list)  # what else the sender found odd about it
+    details: list[str] = field(default_factory=list)  # what the sender noted (how it aimed or aborted it)
+    raw_body: bytearray | None = None  # the body as it came, kept only when the sender asked (chaos/canary/)
 
 
 @dataclass(frozen=True)
@@ -147,8 +149,8 @@ def _clip(text: str | None, limit: int) -> str | None:
 
 def build_record(sent: Sent, obs: Observed, verdict: Judgement, *, detail_prefix: str | None = None) -> RequestRecord:
     p = obs.parsed
-    anomalies = [*(p.anomalies if p else ()), *verdict.anomalies, *obs.notes]
-    details = [d for d in (detail_prefix, verdict.error_detail, obs.abort_detail) if d]
+    anomalies = [*(p.anomalies if p else ()), *verdict.anomalies, *obs.anomalies]
+    details = [d for d in (detail_prefix, verdict.error_detail, obs.abort_detail, *obs.details) if d]
     token_times = list(p.token_times) if p else []
     text = ""
     if p is not None:

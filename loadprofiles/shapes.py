@@ -77,6 +77,7 @@ def shape_class(spec: ShapeSpec, clock_path: str | None = None) -> type[LoadTest
         def tick(self) -> tuple[int, float] | None:
             state = read_state(clock_path) if clock_path else None
             t = state.now(time.time()) if state is not None else None
-            return users_at(spec, self.get_run_time() if t is None else t)
+            # get_run_time is locust's, unannotated
+            return users_at(spec, self.get_run_time() if t is None else t)  # type: ignore[no-untyped-call]
 
     return ConfiguredShape

@@ -8,7 +8,9 @@ sends when decode fails mid-stream; tests/test_sse_parsing.py), non-JSON bodies 
 decides the request's outcome from what was seen.
 
 Two stream dialects: SGLang `/generate` chunks carry the *cumulative* text so far (its default,
-`--incremental-streaming-output` off); OpenAI chat/completions chunks carry *deltas*.
+`--incremental-streaming-output` off); OpenAI chat/completions chunks carry *deltas*. A reader
+given no route reads each payload by its shape (`choices` or `usage`: OpenAI), for a caller that
+judges whatever a server answered (`pdchaos canary`, chaos/canary/).
 
 SSE is read line by line, one payload per `data:` line, rather than one per blank-line-terminated
 event as the SSE spec says: LLM servers put one JSON object on each `data:` line, and some omit
@@ -27,6 +29,7 @@ DEFAULT_BODY_CAP = 8 * 1024 * 1024  # bytes; past this we stop reading and keep 
 SAMPLE_CHARS = 120  # how much of an offending payload an anomaly quotes
 MAX_ANOMALIES = 32  # distinct anomaly kinds kept per response (bounded even for garbage streams)
 MAX_ERROR_CHARS = 2000
+MAX_ERROR_PAYLOADS = 8  # payloads that said error, kept as sent (a garbage stream stays bounded)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,11 @@ class ParsedResponse:
     shape_ok: bool = False  # a payload had the route's expected fields
     error_message: str | None = None  # the server's error message (error bodies, in-band errors)
     raw_text: str = ""  # the body as text when it could not be read as JSON (kept for scanning)
+    # Output the text does not carry: reasoning, tool calls, token ids that decoded to nothing.
+    output_without_text: bool = False
+    # Each payload that said error (an error object, an abort finish, an unparseable payload that
+    # mentions one), as sent, so a caller can judge what status it states (chaos/canary/reply.py).
+    error_payloads: list[dict[str, Any] | str] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
 
     @property
@@ -117,9 +125,10 @@ class ResponseReader:
     `sse`: read as a Server-Sent-Events stream (the response's content type said so). A body that
     turns out to be the other kind is still read: an SSE reader that saw no `data:` line tries the
     whole body as JSON, and a JSON reader given a body starting with `data:` replays it as SSE.
+    `api` None: each payload is read by its shape (module docstring).
     """
 
-    def __init__(self, api: Api, *, sse: bool, cap: int = DEFAULT_BODY_CAP) -> None:
+    def __init__(self, api: Api | None, *, sse: bool, cap: int = DEFAULT_BODY_CAP) -> None:
         self.api = api
         self.sse = sse
         self.cap = cap
@@ -247,6 +256,8 @@ class ResponseReader:
         try:
             obj = json.loads(payload)
         except (ValueError, RecursionError):
+            if "error" in payload.lower():
+                self._said_error(payload[:MAX_ERROR_CHARS])
             if "error" in payload[:32]:
                 # The router's truncated error body: an error we cannot read; the stream failed.
                 self.note("malformed_sse", f"unparseable error payload {_sample(payload)!r}")
@@ -296,14 +307,19 @@ class ResponseReader:
         error = _error_from(obj)
         if error is not None:
             message, code = error
+            self._said_error(obj)
             r.error_message = message
             r.shape_ok = True
             if r.finish is None:
                 r.finish = Finish(reason="abort", message=message, status_code=code)
             return False
-        if self.api == "generate":
+        if self.api == "generate" or (self.api is None and "choices" not in obj and "usage" not in obj):
             return self._apply_generate(obj)
         return self._apply_openai(obj, streaming)
+
+    def _said_error(self, payload: dict[str, Any] | str) -> None:
+        if len(self.result.error_payloads) < MAX_ERROR_PAYLOADS:
+            self.result.error_payloads.append(payload)
 
     def _apply_generate(self, obj: dict[str, Any]) -> bool:
         r = self.result
@@ -325,10 +341,14 @@ class ResponseReader:
                 self.note("generate_text_not_cumulative", "")
                 grew = bool(text)
                 r.text += text
+        if not grew and not r.text and obj.get("output_ids"):
+            r.output_without_text = True  # tokens that decoded to nothing (yet)
         if isinstance(meta, dict):
             finish = _finish_from(meta.get("finish_reason"))
             if finish is not None:
                 r.finish = finish
+                if finish.is_abort:
+                    self._said_error(obj)
             self._usage(meta.get("prompt_tokens"), meta.get("completion_tokens"), meta.get("cached_tokens"))
         return grew
 
@@ -345,15 +365,20 @@ class ResponseReader:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue  # n=1: only the first choice is ours
             piece: Any
-            if self.api == "chat":
+            holder: Any = None
+            if self.api == "completions":
+                piece = choice.get("text")
+            else:
                 holder = choice.get("delta") if streaming else choice.get("message")
                 piece = holder.get("content") if isinstance(holder, dict) else None
-            else:
-                piece = choice.get("text")
+                if piece is None and self.api is None:
+                    piece = choice.get("text")
             if isinstance(piece, str) and piece:
                 self._pieces.append(piece)  # joined once, in close(): += would copy it all each time
                 self._delta_chars += len(piece)
                 grew = True
+            elif isinstance(holder, dict) and (holder.get("reasoning_content") or holder.get("tool_calls")):
+                r.output_without_text = True
             finish = _finish_from(choice.get("finish_reason"))
             if finish is not None:
                 r.finish = finish
@@ -376,7 +401,9 @@ def _int_or(value: Any, default: int | None) -> int | None:
     return default if found is None else found
 
 
-def parse_body(api: Api, body: bytes, *, sse: bool, now: float = 0.0, cap: int = DEFAULT_BODY_CAP) -> ParsedResponse:
+def parse_body(
+    api: Api | None, body: bytes, *, sse: bool, now: float = 0.0, cap: int = DEFAULT_BODY_CAP
+) -> ParsedResponse:
     """A whole body at once (tests, and callers that already hold the body)."""
     reader = ResponseReader(api, sse=sse, cap=cap)
     reader.feed(body, now)

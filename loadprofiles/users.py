@@ -25,12 +25,20 @@ from gevent import GreenletExit
 from locust import User, task
 
 from chaos.journal import Outcome
-from chaos.oracles.canary import MarkerCodec
+from chaos.markers import MarkerCodec
 from loadprofiles.config import LoadConfig
 from loadprofiles.exchange import ROUTES, AbortPhase, Interrupt, perform, post_aborts, request_body
 from loadprofiles.prompts import Conversation, Prompt, PromptFactory, Threshold
-from loadprofiles.recorder import (UNAVAILABLE_ENDINGS, Judgement, Observed, RecordWriter, Sent, build_record, emit,
-                                   judge)
+from loadprofiles.recorder import (
+    UNAVAILABLE_ENDINGS,
+    Judgement,
+    Observed,
+    RecordWriter,
+    Sent,
+    build_record,
+    emit,
+    judge,
+)
 from loadprofiles.sse import DEFAULT_BODY_CAP, Api
 
 CONTROL_TIMEOUT_S = 5.0  # /abort_request calls
@@ -39,7 +47,6 @@ ABORT_DELAY_S = (0.0, 0.25)  # /abort_request this long after sending: queued, p
 BEFORE_FIRST_BYTE_S = (0.005, 0.1)  # give up waiting for the headers after this long
 BACKOFF_FIRST_S = 0.05  # the wait after one such ending; it doubles with each in a row
 BACKOFF_MAX_S = 1.0  # ... up to this: a restarted router is found within a second
-
 
 
 # ------------------------------------------------------------------------------ the process ----
@@ -100,7 +107,9 @@ class PdchaosUser(User):
 
     abstract = True
     kind: ClassVar[str] = ""
-    context: ClassVar[LoadContext]  # set by `user_classes`
+    # Set by `user_classes`. It shadows locust's User.context() (extra fields for request events),
+    # which only locust's own HTTP clients call; these users send with httpx.
+    context: ClassVar[LoadContext]  # type: ignore[assignment]
 
     def __init__(self, environment: Any) -> None:
         super().__init__(environment)
@@ -150,15 +159,27 @@ class PdchaosUser(User):
         raise NotImplementedError
 
     def routes(self, prompt: Prompt) -> list[Api]:
-        routes: list[Api] = ["generate", "chat", "completions"] if self.context.config.facts.api == "sglang" else ["chat", "completions"]
+        routes: list[Api] = (
+            ["generate", "chat", "completions"]
+            if self.context.config.facts.api == "sglang"
+            else ["chat", "completions"]
+        )
         return [r for r in routes if r != "chat" or prompt.chat_ok]
 
     def choose(self, prompt: Prompt) -> tuple[Api, bool]:
         return self.rng.choice(self.routes(prompt)), self.rng.random() < 0.5
 
     def exchange(self, url: str, body: dict[str, Any], route: Api, sent: Sent, obs: Observed) -> None:
-        perform(self._client(), url, body, api=route, timeout_s=self.context.config.request_timeout_s,
-                obs=obs, cap=self.context.body_cap, headers={"X-Request-Id": sent.id})
+        perform(
+            self._client(),
+            url,
+            body,
+            api=route,
+            timeout_s=self.context.config.request_timeout_s,
+            obs=obs,
+            cap=self.context.body_cap,
+            headers={"X-Request-Id": sent.id},
+        )
 
     def review(self, prompt: Prompt, obs: Observed, verdict: Judgement) -> tuple[Judgement, str | None]:
         """Adjust the verdict for this kind; returns it and a prefix for error_detail."""
@@ -187,11 +208,21 @@ class PdchaosUser(User):
         max_tokens = prompt.max_tokens or config.max_tokens
         rid = ctx.rid(index)
         use_rid = route == "generate" and config.facts.api == "sglang"
-        body = request_body(route, prompt, stream=stream, max_tokens=max_tokens, model=config.facts.model, rid=rid if use_rid else None)
+        body = request_body(
+            route, prompt, stream=stream, max_tokens=max_tokens, model=config.facts.model, rid=rid if use_rid else None
+        )
         sent = Sent(
-            id=rid, request_index=index, phase=config.phase, user_kind=self.kind, actor=f"actor{config.actor_index}/{self.user_id}",
-            endpoint=ROUTES[route], stream=stream, markers=prompt.markers, prompt=prompt.as_text(),
-            max_tokens=max_tokens, planned_send=self.planned_send,
+            id=rid,
+            request_index=index,
+            phase=config.phase,
+            user_kind=self.kind,
+            actor=f"actor{config.actor_index}/{self.user_id}",
+            endpoint=ROUTES[route],
+            stream=stream,
+            markers=prompt.markers,
+            prompt=prompt.as_text(),
+            max_tokens=max_tokens,
+            planned_send=self.planned_send,
         )
         self.planned_send = None
         obs = Observed()
@@ -216,7 +247,13 @@ class PdchaosUser(User):
             self.after(prompt, obs, verdict)
         record = build_record(sent, obs, verdict, detail_prefix=prefix)
         self.unavailable_in_a_row = self.unavailable_in_a_row + 1 if record.error_class in UNAVAILABLE_ENDINGS else 0
-        emit(self.context.writer, record, name=name, expected=self.expected(verdict, obs), event=self.environment.events.request)
+        emit(
+            self.context.writer,
+            record,
+            name=name,
+            expected=self.expected(verdict, obs),
+            event=self.environment.events.request,
+        )
 
 
 class CanaryChatUser(PdchaosUser):
@@ -226,7 +263,9 @@ class CanaryChatUser(PdchaosUser):
     kind = "canary_chat"
 
     def make_prompt(self, request_index: int) -> Prompt:
-        return self.context.prompts.canary(request_index, medium=self.rng.random() < 0.3, repeat=self.rng.random() < 0.5)
+        return self.context.prompts.canary(
+            request_index, medium=self.rng.random() < 0.3, repeat=self.rng.random() < 0.5
+        )
 
 
 class PrefixSharingUser(PdchaosUser):
@@ -258,7 +297,9 @@ class LongContextUser(PdchaosUser):
 
     def make_prompt(self, request_index: int) -> Prompt:
         repeat = self.rng.random() < 0.5
-        prompt = self.context.prompts.long_context(request_index, max_tokens=self.context.config.max_tokens, repeat=repeat)
+        prompt = self.context.prompts.long_context(
+            request_index, max_tokens=self.context.config.max_tokens, repeat=repeat
+        )
         return prompt or self.context.prompts.canary(request_index, medium=True, repeat=repeat)
 
 
@@ -342,11 +383,25 @@ class AbortingUser(PdchaosUser):
             interrupt = Interrupt(self.phase, after_chunks=self.rng.randint(2, max(2, (sent.max_tokens or 2) // 2)))
         else:
             aborter = gevent.spawn_later(
-                self.rng.uniform(*ABORT_DELAY_S), post_aborts, self.context.control, config.facts.abort_urls, sent.id, obs
+                self.rng.uniform(*ABORT_DELAY_S),
+                post_aborts,
+                self.context.control,
+                config.facts.abort_urls,
+                sent.id,
+                obs,
             )
         try:
-            perform(self._client(), url, body, api=route, timeout_s=config.request_timeout_s, obs=obs,
-                    cap=self.context.body_cap, headers={"X-Request-Id": sent.id}, interrupt=interrupt)
+            perform(
+                self._client(),
+                url,
+                body,
+                api=route,
+                timeout_s=config.request_timeout_s,
+                obs=obs,
+                cap=self.context.body_cap,
+                headers={"X-Request-Id": sent.id},
+                interrupt=interrupt,
+            )
         finally:
             if aborter is not None and not aborter.dead:
                 if obs.abort_sent_at is None:
@@ -382,4 +437,3 @@ def user_classes(context: LoadContext) -> list[type[PdchaosUser]]:
     if not classes:
         raise ValueError("mix: no user kind has a positive weight")
     return classes
-

@@ -12,14 +12,17 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 OUTCOME_CODES = {"ok": 0, "fail": 1, "info": 2}
 # A 4xx's error detail says why the server refused (reports/outcomes.py reads it); other rows' are not read.
-_QUERY = ("SELECT t_send, t_first_token, t_end, outcome, status, phase, user_kind, error_class, token_times, "
-          "CASE WHEN status BETWEEN 400 AND 499 THEN substr(error_detail, 1, 500) END "
-          "FROM requests ORDER BY rowid")
+_QUERY = (
+    "SELECT t_send, t_first_token, t_end, outcome, status, phase, user_kind, error_class, token_times, "
+    "CASE WHEN status BETWEEN 400 AND 499 THEN substr(error_detail, 1, 500) END "
+    "FROM requests ORDER BY rowid"
+)
 
 
 def _empty_floats() -> np.ndarray:
@@ -66,15 +69,15 @@ def read_columns(journal_file: Path) -> RequestColumns:
 
 def _concatenate(parts: list[RequestColumns]) -> RequestColumns:
     """The chunks as one: arrays concatenated, lists joined, field by field."""
-    joined = {}
+    joined: dict[str, Any] = {}
     for f in fields(RequestColumns):
         values = [getattr(p, f.name) for p in parts]
         joined[f.name] = np.concatenate(values) if isinstance(values[0], np.ndarray) else [x for v in values for x in v]
     return RequestColumns(**joined)
 
 
-def _parse(rows: list[tuple], shared: dict[str, str]) -> RequestColumns:
-    t_send, first, end, outcome, status, phase, kind, error, tokens, refusal = zip(*rows)
+def _parse(rows: list[tuple[Any, ...]], shared: dict[str, str]) -> RequestColumns:
+    t_send, first, end, outcome, status, phase, kind, error, tokens, refusal = zip(*rows, strict=True)
     # Token times are JSON lists of floats: strip the brackets, join, and parse once, in C.
     counts = np.fromiter((0 if t == "[]" else t.count(",") + 1 for t in tokens), dtype=np.int64, count=len(rows))
     joined = ",".join(t[1:-1] for t in tokens if t != "[]")
@@ -82,15 +85,21 @@ def _parse(rows: list[tuple], shared: dict[str, str]) -> RequestColumns:
     if flat.size != int(counts.sum()):
         raise ValueError(f"token_times: {flat.size} numbers parsed where the lists hold {int(counts.sum())}")
     return RequestColumns(
-        t_send=_floats(t_send), t_first_token=_floats(first), t_end=_floats(end),
+        t_send=_floats(t_send),
+        t_first_token=_floats(first),
+        t_end=_floats(end),
         outcome=np.fromiter((OUTCOME_CODES.get(o, 2) for o in outcome), dtype=np.int8, count=len(rows)),
         status=np.fromiter((-1 if v is None else v for v in status), dtype=np.int16, count=len(rows)),
-        phase=_shared(phase, shared), user_kind=_shared(kind, shared), error_class=_shared(error, shared),
-        token_counts=counts, token_times=flat, refusal=list(refusal),
+        phase=_shared(phase, shared),
+        user_kind=_shared(kind, shared),
+        error_class=_shared(error, shared),
+        token_counts=counts,
+        token_times=flat,
+        refusal=list(refusal),
     )
 
 
-def _shared(values: tuple[str | None, ...], shared: dict[str, str]) -> list:
+def _shared(values: tuple[str | None, ...], shared: dict[str, str]) -> list[Any]:
     return [v if v is None else shared.setdefault(v, v) for v in values]
 
 

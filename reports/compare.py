@@ -17,9 +17,10 @@ A failure can change kind while its cell stays FAIL (an upgrade that turns a sil
 the oracle), and a kind of failure the base never had is a regression; one that went away is an
 improvement.
 
-Not proven (exit 3, when nothing regressed), each a line in `unproven`: the candidate has no
-verdict (INCOMPLETE), fell from PASS to INCONCLUSIVE, a cell that passed in the base no longer
-passes, or a base fault window has no counterpart in the candidate. Otherwise exit 0.
+Not proven (exit 3, when nothing regressed), each a line in `unproven`: the candidate stopped
+before it recorded a verdict (its journal judged afterwards), fell from PASS to INCONCLUSIVE, a
+cell that passed in the base no longer passes, or a base fault window has no counterpart in the
+candidate. Otherwise exit 0.
 """
 
 from __future__ import annotations
@@ -27,16 +28,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from chaos.exit_codes import ExitCode
 from chaos.loadstats import Distribution
 from chaos.verdict import Verdict
 from reports.matrix import OUTSIDE, MatrixRow
-from reports.model import INCOMPLETE, RunReport
+from reports.model import RunReport
 from reports.outcomes import SUITE_ENDINGS
 from reports.traffic import LatencyStats
 
 DEFAULT_MAX_LATENCY_RATIO = 2.0
 MIN_LATENCY_SAMPLES = 20
-EXIT_OK, EXIT_REGRESSED, EXIT_UNPROVEN = 0, 1, 3
+EXIT_OK, EXIT_REGRESSED, EXIT_UNPROVEN = ExitCode.PASS, ExitCode.FAIL, ExitCode.INCONCLUSIVE
 _RANK = {"PASS": 0, "INCONCLUSIVE": 1, "NOT RUN": 1, "absent": 1, "FAIL": 2}
 
 
@@ -134,7 +136,9 @@ class Comparison:
         return "REGRESSED" if self.regressions else "NOT PROVEN" if self.unproven else "NO REGRESSION"
 
 
-def compare_runs(base: RunReport, candidate: RunReport, max_latency_ratio: float = DEFAULT_MAX_LATENCY_RATIO) -> Comparison:
+def compare_runs(
+    base: RunReport, candidate: RunReport, max_latency_ratio: float = DEFAULT_MAX_LATENCY_RATIO
+) -> Comparison:
     c = Comparison(base, candidate, max_latency_ratio)
     c.warnings += _plan_warnings(base, candidate)
     c.windows = match_rows(base.matrix, candidate.matrix)
@@ -147,8 +151,11 @@ def compare_runs(base: RunReport, candidate: RunReport, max_latency_ratio: float
     return c
 
 
-def match_rows(base: Sequence[MatrixRow], candidate: Sequence[MatrixRow]) -> list[tuple[MatrixRow | None, MatrixRow | None]]:
+def match_rows(
+    base: Sequence[MatrixRow], candidate: Sequence[MatrixRow]
+) -> list[tuple[MatrixRow | None, MatrixRow | None]]:
     """Pairs of rows: same fault name and occurrence; OUTSIDE with OUTSIDE; unmatched ones alone."""
+
     def keyed(rows: Sequence[MatrixRow]) -> dict[tuple[str, int], MatrixRow]:
         seen: dict[str, int] = {}
         out = {}
@@ -180,8 +187,8 @@ def _verdicts(c: Comparison) -> None:
     b, k = c.base.verdict_label, c.candidate.verdict_label
     if k == "FAIL" and b != "FAIL":
         c.regressions.append(f"run verdict {b} → FAIL")
-    elif k == INCOMPLETE:
-        c.unproven.append("the candidate run has no verdict (INCOMPLETE)")
+    elif not c.candidate.complete:
+        c.unproven.append(f"the candidate run stopped before it recorded a verdict ({k}, judged from its journal)")
     elif k == "INCONCLUSIVE" and b == "PASS":
         c.unproven.append("run verdict PASS → INCONCLUSIVE")
     elif _RANK.get(k, 1) < _RANK.get(b, 1):
@@ -251,11 +258,18 @@ def _leaks(c: Comparison) -> None:
 def _errors(c: Comparison) -> None:
     tb, tk = c.base.traffic, c.candidate.traffic
     for name in dict.fromkeys([*tk.error_classes, *tb.error_classes]):
-        change = ErrorClassChange(name, tb.error_classes.get(name, 0), tk.error_classes.get(name, 0),
-                                  tb.error_classes_under_faults.get(name, 0), tk.error_classes_under_faults.get(name, 0))
+        change = ErrorClassChange(
+            name,
+            tb.error_classes.get(name, 0),
+            tk.error_classes.get(name, 0),
+            tb.error_classes_under_faults.get(name, 0),
+            tk.error_classes_under_faults.get(name, 0),
+        )
         c.error_classes.append(change)
         if change.new and name not in SUITE_ENDINGS:  # the load's end stopping a request is the suite's doing
-            c.regressions.append(f"new error class {name}: {change.candidate} request(s), {change.candidate_under_faults} under faults")
+            c.regressions.append(
+                f"new error class {name}: {change.candidate} request(s), {change.candidate_under_faults} under faults"
+            )
         elif change.candidate == 0 and change.base > 0:
             c.improvements.append(f"error class {name} gone (was {change.base})")
 
@@ -267,19 +281,36 @@ def _latency(c: Comparison) -> None:
     ]
     for base_row, cand_row in c.windows:
         if base_row and cand_row and base_row.fault and cand_row.fault:
-            spans.append((cand_row.key, c.base.traffic.per_window.get(base_row.key, LatencyStats()),
-                          c.candidate.traffic.per_window.get(cand_row.key, LatencyStats())))
+            spans.append(
+                (
+                    cand_row.key,
+                    c.base.traffic.per_window.get(base_row.key, LatencyStats()),
+                    c.candidate.traffic.per_window.get(cand_row.key, LatencyStats()),
+                )
+            )
     for span, b, k in spans:
-        for metric, db, dk, q in (("TTFT p50", b.ttft, k.ttft, "p50"), ("TTFT p99", b.ttft, k.ttft, "p99"),
-                                  ("ITL p50", b.itl, k.itl, "p50"), ("ITL p99", b.itl, k.itl, "p99"),
-                                  ("E2E p99", b.e2e, k.e2e, "p99")):
+        for metric, db, dk, q in (
+            ("TTFT p50", b.ttft, k.ttft, "p50"),
+            ("TTFT p99", b.ttft, k.ttft, "p99"),
+            ("ITL p50", b.itl, k.itl, "p50"),
+            ("ITL p99", b.itl, k.itl, "p99"),
+            ("E2E p99", b.e2e, k.e2e, "p99"),
+        ):
             change = LatencyChange(span, metric, _q(db, q), _q(dk, q), db.count, dk.count)
             c.latency.append(change)
             gated = span == "under faults" and metric in ("TTFT p50", "TTFT p99", "ITL p99")
             ratio = change.ratio
-            if gated and c.max_latency_ratio > 0 and ratio is not None and change.enough_samples and ratio >= c.max_latency_ratio:
-                c.regressions.append(f"{metric} under faults ×{ratio:.2f} ({_ms(change.base_s)} → {_ms(change.candidate_s)} ms), "
-                                     f"limit ×{c.max_latency_ratio:g}")
+            if (
+                gated
+                and c.max_latency_ratio > 0
+                and ratio is not None
+                and change.enough_samples
+                and ratio >= c.max_latency_ratio
+            ):
+                c.regressions.append(
+                    f"{metric} under faults ×{ratio:.2f} ({_ms(change.base_s)} → {_ms(change.candidate_s)} ms), "
+                    f"limit ×{c.max_latency_ratio:g}"
+                )
 
 
 def _q(d: Distribution, q: str) -> float | None:

@@ -9,6 +9,7 @@ since each run's load started, so the same seeded schedule lines up).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,11 @@ from reports.plots import BLUE, RED
 from reports.render import write_atomic
 from reports.svg import Band, Series, line_plot
 
-OUTCOME_COLORS = {"REGRESSED": color_of("FAIL"), "NOT PROVEN": color_of("INCONCLUSIVE"), "NO REGRESSION": color_of("PASS")}
+OUTCOME_COLORS = {
+    "REGRESSED": color_of("FAIL"),
+    "NOT PROVEN": color_of("INCONCLUSIVE"),
+    "NO REGRESSION": color_of("PASS"),
+}
 GREY = "#8c959f"
 
 
@@ -51,20 +56,55 @@ def _router(r: RunReport) -> str:
 
 def compare_json(c: Comparison) -> dict[str, Any]:
     def run(r: RunReport) -> dict[str, Any]:
-        return {"dir": str(r.run_dir), "verdict": r.verdict_label, "exit_code": r.exit_code, "campaign": r.campaign_name,
-                "seed": r.seed, "engine": _engine(r), "leaks": len(r.leaks), "requests": r.traffic.counts.to_json()}
+        return {
+            "dir": str(r.run_dir),
+            "verdict": r.verdict_label,
+            "exit_code": r.exit_code,
+            "campaign": r.campaign_name,
+            "seed": r.seed,
+            "engine": _engine(r),
+            "leaks": len(r.leaks),
+            "requests": r.traffic.counts.to_json(),
+        }
 
     return {
-        "schema": "pdchaos.compare/1", "outcome": c.outcome, "exit_code": c.exit_code,
-        "base": run(c.base), "candidate": run(c.candidate),
-        "regressions": c.regressions, "unproven": c.unproven, "improvements": c.improvements, "warnings": c.warnings,
+        "schema": "pdchaos.compare/1",
+        "outcome": c.outcome,
+        "exit_code": c.exit_code,
+        "base": run(c.base),
+        "candidate": run(c.candidate),
+        "regressions": c.regressions,
+        "unproven": c.unproven,
+        "improvements": c.improvements,
+        "warnings": c.warnings,
         "cells": [{"window": x.window, "oracle": x.oracle, "base": x.base, "candidate": x.candidate} for x in c.cells],
-        "failure_kinds": [{"oracle": x.oracle, "rule": x.rule, "base": x.base, "candidate": x.candidate, "example": x.example}
-                          for x in c.failure_kinds],
-        "error_classes": [{"name": e.name, "base": e.base, "candidate": e.candidate, "base_under_faults": e.base_under_faults,
-                           "candidate_under_faults": e.candidate_under_faults, "new": e.new} for e in c.error_classes],
-        "latency": [{"span": x.span, "metric": x.metric, "base_s": x.base_s, "candidate_s": x.candidate_s, "ratio": x.ratio,
-                     "base_count": x.base_count, "candidate_count": x.candidate_count} for x in c.latency],
+        "failure_kinds": [
+            {"oracle": x.oracle, "rule": x.rule, "base": x.base, "candidate": x.candidate, "example": x.example}
+            for x in c.failure_kinds
+        ],
+        "error_classes": [
+            {
+                "name": e.name,
+                "base": e.base,
+                "candidate": e.candidate,
+                "base_under_faults": e.base_under_faults,
+                "candidate_under_faults": e.candidate_under_faults,
+                "new": e.new,
+            }
+            for e in c.error_classes
+        ],
+        "latency": [
+            {
+                "span": x.span,
+                "metric": x.metric,
+                "base_s": x.base_s,
+                "candidate_s": x.candidate_s,
+                "ratio": x.ratio,
+                "base_count": x.base_count,
+                "candidate_count": x.candidate_count,
+            }
+            for x in c.latency
+        ],
         "max_latency_ratio": c.max_latency_ratio,
     }
 
@@ -74,17 +114,27 @@ def compare_json(c: Comparison) -> dict[str, Any]:
 
 def render_compare_markdown(c: Comparison) -> str:
     b, k = c.base, c.candidate
-    lines = [f"## pdchaos compare: {c.outcome} (exit {c.exit_code})", "",
-             f"Base **{md(b.run_dir.name)}** ({md(_engine(b))}): {SYMBOL.get(b.verdict_label, b.verdict_label)} · "
-             f"candidate **{md(k.run_dir.name)}** ({md(_engine(k))}): {SYMBOL.get(k.verdict_label, k.verdict_label)}", ""]
-    for title, items in (("Regressions", c.regressions), ("Not proven", c.unproven), ("Improvements", c.improvements),
-                         ("Warnings", c.warnings)):
+    lines = [
+        f"## pdchaos compare: {c.outcome} (exit {c.exit_code})",
+        "",
+        f"Base **{md(b.run_dir.name)}** ({md(_engine(b))}): {SYMBOL.get(b.verdict_label, b.verdict_label)} · "
+        f"candidate **{md(k.run_dir.name)}** ({md(_engine(k))}): {SYMBOL.get(k.verdict_label, k.verdict_label)}",
+        "",
+    ]
+    for title, items in (
+        ("Regressions", c.regressions),
+        ("Not proven", c.unproven),
+        ("Improvements", c.improvements),
+        ("Warnings", c.warnings),
+    ):
         if items:
             lines += [f"**{title}**", ""] + [f"- {md(x)}" for x in items] + [""]
     if c.cells:
         lines += ["| fault window × oracle | base | candidate |", "|---|---|---|"]
-        lines += [f"| {md(x.window)} × {md(x.oracle)} | {SYMBOL.get(x.base, x.base)} | {SYMBOL.get(x.candidate, x.candidate)} |"
-                  for x in c.cells]
+        lines += [
+            f"| {md(x.window)} × {md(x.oracle)} | {SYMBOL.get(x.base, x.base)} | {SYMBOL.get(x.candidate, x.candidate)} |"
+            for x in c.cells
+        ]
         lines.append("")
     if c.failure_kinds:
         lines += ["| failure (oracle, rule) | base | candidate |", "|---|---:|---:|"]
@@ -95,7 +145,10 @@ def render_compare_markdown(c: Comparison) -> str:
         lines += ["| under faults | base ms | candidate ms | ratio |", "|---|---:|---:|---:|"]
         lines += [f"| {x.metric} | {ms(x.base_s)} | {ms(x.candidate_s)} | {_ratio(x.ratio)} |" for x in under]
         lines.append("")
-    lines += [f"Leaks: {len(b.leaks)} → {len(k.leaks)} · requests: {b.traffic.counts.total:,} → {k.traffic.counts.total:,}", ""]
+    lines += [
+        f"Leaks: {len(b.leaks)} → {len(k.leaks)} · requests: {b.traffic.counts.total:,} → {k.traffic.counts.total:,}",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -109,7 +162,11 @@ def _ratio(ratio: float | None) -> str:
 def render_compare_html(c: Comparison) -> str:
     b, k = c.base, c.candidate
     color = OUTCOME_COLORS[c.outcome]
-    reasons = c.regressions or c.unproven or ["every fault × oracle cell, leak count, error class and latency under faults held"]
+    reasons = (
+        c.regressions
+        or c.unproven
+        or ["every fault × oracle cell, leak count, error class and latency under faults held"]
+    )
     body = [
         f'<header class="banner" id="verdict" data-outcome="{escape(c.outcome)}" style="background:{color}">'
         f"<h1>{escape(c.outcome)}</h1><div class='sub'>candidate <b>{escape(k.run_dir.name)}</b> ({escape(_engine(k))}) vs "
@@ -117,10 +174,15 @@ def render_compare_html(c: Comparison) -> str:
         "<ul>" + "".join(f"<li>{escape(r)}</li>" for r in reasons) + "</ul></header><main>",
         _runs(c),
     ]
-    for title, items, cls in (("Not proven", c.unproven if c.regressions else [], "warn"),
-                              ("Improvements", c.improvements, "good"), ("Warnings", c.warnings, "warn")):
+    for title, items, cls in (
+        ("Not proven", c.unproven if c.regressions else [], "warn"),
+        ("Improvements", c.improvements, "good"),
+        ("Warnings", c.warnings, "warn"),
+    ):
         if items:
-            body.append(f"<h2>{title}</h2><ul>" + "".join(f"<li class='{cls}'>{escape(x)}</li>" for x in items) + "</ul>")
+            body.append(
+                f"<h2>{title}</h2><ul>" + "".join(f"<li class='{cls}'>{escape(x)}</li>" for x in items) + "</ul>"
+            )
     body += [_matrix(c), _failures(c), _leaks(c), _errors(c), _latency(c), _plots(c), "</main>"]
     return page(f"pdchaos compare: {c.outcome}", "".join(body))
 
@@ -128,22 +190,39 @@ def render_compare_html(c: Comparison) -> str:
 def _failures(c: Comparison) -> str:
     if not c.failure_kinds:
         return ""
-    rows = [(escape(f"{x.oracle} {x.rule}" if x.rule != x.oracle else x.oracle), str(x.base), str(x.candidate),
-             escape(x.example[:160])) for x in c.failure_kinds]
+    rows = [
+        (
+            escape(f"{x.oracle} {x.rule}" if x.rule != x.oracle else x.oracle),
+            str(x.base),
+            str(x.candidate),
+            escape(x.example[:160]),
+        )
+        for x in c.failure_kinds
+    ]
     return "<h2>Kinds of failure</h2>" + table(("oracle, rule", "base", "candidate", "example"), rows)
 
 
 def _runs(c: Comparison) -> str:
     rows = []
-    for name, get in (("run", lambda r: escape(str(r.run_dir))), ("verdict", lambda r: badge(r.verdict_label)),
-                      ("engine", lambda r: escape(_engine(r))), ("router", lambda r: escape(_router(r))),
-                      ("Mooncake", lambda r: escape(str(r.environment.get("mooncake", "—")))),
-                      ("campaign / seed", lambda r: escape(f"{r.campaign_name} / {r.seed}")),
-                      ("started", lambda r: escape(when(r.started_at))),
-                      ("requests (ok / fail / info)", lambda r: escape(f"{r.traffic.counts.total:,} ({r.traffic.counts.ok:,} / "
-                                                                      f"{r.traffic.counts.fail:,} / {r.traffic.counts.info:,})")),
-                      ("leaks", lambda r: str(len(r.leaks))),
-                      ("faults confirmed", lambda r: f"{sum(1 for f in r.faults if f.confirmed)} of {len(r.faults)}")):
+    facts: tuple[tuple[str, Callable[[RunReport], str]], ...] = (
+        ("run", lambda r: escape(str(r.run_dir))),
+        ("verdict", lambda r: badge(r.verdict_label)),
+        ("engine", lambda r: escape(_engine(r))),
+        ("router", lambda r: escape(_router(r))),
+        ("Mooncake", lambda r: escape(str(r.environment.get("mooncake", "—")))),
+        ("campaign / seed", lambda r: escape(f"{r.campaign_name} / {r.seed}")),
+        ("started", lambda r: escape(when(r.started_at))),
+        (
+            "requests (ok / fail / info)",
+            lambda r: escape(
+                f"{r.traffic.counts.total:,} ({r.traffic.counts.ok:,} / "
+                f"{r.traffic.counts.fail:,} / {r.traffic.counts.info:,})"
+            ),
+        ),
+        ("leaks", lambda r: str(len(r.leaks))),
+        ("faults confirmed", lambda r: f"{sum(1 for f in r.faults if f.confirmed)} of {len(r.faults)}"),
+    )
+    for name, get in facts:
         rows.append((escape(name), get(c.base), get(c.candidate)))
     return "<h2>Runs</h2>" + table(("", "base", "candidate"), rows)
 
@@ -165,30 +244,43 @@ def _matrix(c: Comparison) -> str:
                 cells.append(f'<td class="cell {cell_class(text)}" style="opacity:.55">{escape(text)}</td>')
         rows.append(f"<tr><td><b>{escape(label)}</b></td>{''.join(cells)}</tr>")
     head = "<th>fault window</th>" + "".join(f"<th>{escape(o)}</th>" for o in oracles)
-    return ('<h2 id="matrix">Fault × oracle, base → candidate</h2><p class="muted">Changed cells are bold; '
-            "unchanged ones are faded.</p>"
-            f'<table class="matrix"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    return (
+        '<h2 id="matrix">Fault × oracle, base → candidate</h2><p class="muted">Changed cells are bold; '
+        "unchanged ones are faded.</p>"
+        f'<table class="matrix"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
 
 
 def _changed_cell(x: CellChange) -> str:
-    return (f'<td class="cell {cell_class(x.candidate)}" style="font-weight:700" title="{escape(x.base)} → {escape(x.candidate)}">'
-            f"{escape(x.base)} → {escape(x.candidate)}</td>")
+    return (
+        f'<td class="cell {cell_class(x.candidate)}" style="font-weight:700" title="{escape(x.base)} → {escape(x.candidate)}">'
+        f"{escape(x.base)} → {escape(x.candidate)}</td>"
+    )
 
 
 def _errors(c: Comparison) -> str:
     if not c.error_classes:
         return "<h2>Error classes</h2><p class='muted'>Neither run recorded an error class.</p>"
-    rows = [(f"<code>{escape(e.name)}</code>" + (" <span class='bad'>NEW</span>" if e.new else ""),
-             f"{e.base:,}", f"{e.candidate:,}", f"{e.base_under_faults:,}", f"{e.candidate_under_faults:,}") for e in c.error_classes]
-    return "<h2>Error classes</h2>" + table(("error class", "base", "candidate", "base under faults", "candidate under faults"),
-                                            rows, numeric=(1, 2, 3, 4))
+    rows = [
+        (
+            f"<code>{escape(e.name)}</code>" + (" <span class='bad'>NEW</span>" if e.new else ""),
+            f"{e.base:,}",
+            f"{e.candidate:,}",
+            f"{e.base_under_faults:,}",
+            f"{e.candidate_under_faults:,}",
+        )
+        for e in c.error_classes
+    ]
+    return "<h2>Error classes</h2>" + table(
+        ("error class", "base", "candidate", "base under faults", "candidate under faults"), rows, numeric=(1, 2, 3, 4)
+    )
 
 
 def _latency(c: Comparison) -> str:
     metrics = list(dict.fromkeys(x.metric for x in c.latency))
     spans: dict[str, dict[str, LatencyChange]] = {}
-    for x in c.latency:
-        spans.setdefault(x.span, {})[x.metric] = x
+    for change in c.latency:
+        spans.setdefault(change.span, {})[change.metric] = change
     rows = []
     for span, by_metric in spans.items():
         cells = []
@@ -203,23 +295,38 @@ def _latency(c: Comparison) -> str:
             cells.append(f"{ms(x.base_s)} → {ms(x.candidate_s)} <span class='{cls}'>{escape(_ratio(ratio))}</span>")
         counts = next(iter(by_metric.values()))
         rows.append((escape(span), *cells, f"{counts.base_count:,} / {counts.candidate_count:,}"))
-    rates = [("under faults", c.base.traffic.under_faults.error_rate, c.candidate.traffic.under_faults.error_rate),
-             ("outside faults", c.base.traffic.outside_faults.error_rate, c.candidate.traffic.outside_faults.error_rate)]
+    rates = [
+        ("under faults", c.base.traffic.under_faults.error_rate, c.candidate.traffic.under_faults.error_rate),
+        ("outside faults", c.base.traffic.outside_faults.error_rate, c.candidate.traffic.outside_faults.error_rate),
+    ]
     limit = f"×{c.max_latency_ratio:g}" if c.max_latency_ratio > 0 else "off"
-    return (f"<h2>Latency (ms, base → candidate)</h2><p class='muted'>Gate: TTFT p50/p99 and ITL p99 under faults, "
-            f"limit {escape(limit)}, at least {MIN_LATENCY_SAMPLES} values in both runs.</p>"
-            + table(("span", *metrics, "TTFT values"), rows, numeric=tuple(range(1, len(metrics) + 2)))
-            + "<h3>Error rate (not ok)</h3>"
-            + table(("span", "base", "candidate"), [(escape(n), pct(rb), pct(rk)) for n, rb, rk in rates], numeric=(1, 2)))
+    return (
+        f"<h2>Latency (ms, base → candidate)</h2><p class='muted'>Gate: TTFT p50/p99 and ITL p99 under faults, "
+        f"limit {escape(limit)}, at least {MIN_LATENCY_SAMPLES} values in both runs.</p>"
+        + table(("span", *metrics, "TTFT values"), rows, numeric=tuple(range(1, len(metrics) + 2)))
+        + "<h3>Error rate (not ok)</h3>"
+        + table(("span", "base", "candidate"), [(escape(n), pct(rb), pct(rk)) for n, rb, rk in rates], numeric=(1, 2))
+    )
 
 
 def _leaks(c: Comparison) -> str:
     k = c.candidate
     out = [f"<h2>Leaks</h2><p>base {len(c.base.leaks)} → candidate <b>{len(k.leaks)}</b></p>"]
     if k.leaks:
-        out.append(table(("request", "victim", "marker", "faults active"), [
-            (f"<code>{escape(x.finding.request_id or '?')}</code>", f"<code>{escape(x.finding.victim_request_id or '?')}</code>",
-             f"<code>{escape(x.marker)}</code>", escape(", ".join(x.faults_active) or "none")) for x in k.leaks[:50]]))
+        out.append(
+            table(
+                ("request", "victim", "marker", "faults active"),
+                [
+                    (
+                        f"<code>{escape(x.finding.request_id or '?')}</code>",
+                        f"<code>{escape(x.finding.victim_request_id or '?')}</code>",
+                        f"<code>{escape(x.marker)}</code>",
+                        escape(", ".join(x.faults_active) or "none"),
+                    )
+                    for x in k.leaks[:50]
+                ],
+            )
+        )
     return "".join(out)
 
 
@@ -233,14 +340,44 @@ def _plots(c: Comparison) -> str:
         return [(bucket.mid_s + shift, value(bucket)) for bucket in r.traffic.buckets]
 
     k = c.candidate
-    bands = [Band(f.start - zero(k), None if f.end is None else f.end - zero(k), f.label, f.confirmed)
-             for f in k.faults if f.start is not None]
-    ttft = line_plot("compare-ttft", "TTFT p99 (ms), seconds since load start; bands: the candidate's fault windows", [
-        Series("base", GREY, points(c.base, lambda b: None if b.stats.ttft.p99 is None else b.stats.ttft.p99 * 1000), dashed=True),
-        Series("candidate", BLUE, points(k, lambda b: None if b.stats.ttft.p99 is None else b.stats.ttft.p99 * 1000)),
-    ], bands=bands, y_label="ms")
-    errors = line_plot("compare-errors", "Error rate (% not ok)", [
-        Series("base", GREY, points(c.base, lambda b: None if b.stats.error_rate is None else b.stats.error_rate * 100), dashed=True),
-        Series("candidate", RED, points(k, lambda b: None if b.stats.error_rate is None else b.stats.error_rate * 100)),
-    ], bands=bands, y_label="%", y_min_top=10.0)
+    bands = [
+        Band(f.start - zero(k), None if f.end is None else f.end - zero(k), f.label, f.confirmed)
+        for f in k.faults
+        if f.start is not None
+    ]
+    ttft = line_plot(
+        "compare-ttft",
+        "TTFT p99 (ms), seconds since load start; bands: the candidate's fault windows",
+        [
+            Series(
+                "base",
+                GREY,
+                points(c.base, lambda b: None if b.stats.ttft.p99 is None else b.stats.ttft.p99 * 1000),
+                dashed=True,
+            ),
+            Series(
+                "candidate", BLUE, points(k, lambda b: None if b.stats.ttft.p99 is None else b.stats.ttft.p99 * 1000)
+            ),
+        ],
+        bands=bands,
+        y_label="ms",
+    )
+    errors = line_plot(
+        "compare-errors",
+        "Error rate (% not ok)",
+        [
+            Series(
+                "base",
+                GREY,
+                points(c.base, lambda b: None if b.stats.error_rate is None else b.stats.error_rate * 100),
+                dashed=True,
+            ),
+            Series(
+                "candidate", RED, points(k, lambda b: None if b.stats.error_rate is None else b.stats.error_rate * 100)
+            ),
+        ],
+        bands=bands,
+        y_label="%",
+        y_min_top=10.0,
+    )
     return '<h2 id="plots">Plots</h2>' + ttft + errors

@@ -38,8 +38,16 @@ MAX_LEAKS_SHOWN = 50
 MAX_FINDINGS_SHOWN = 100
 CLIP_CHARS = 1500  # of text each side of a highlighted marker
 
-SECTIONS = (("matrix", "Fault × oracle"), ("leaks", "Leaks"), ("plots", "Plots"), ("faults", "Faults"),
-            ("oracles", "Oracles"), ("traffic", "Traffic"), ("environment", "Environment"), ("campaign", "Campaign"))
+SECTIONS = (
+    ("matrix", "Fault × oracle"),
+    ("leaks", "Leaks"),
+    ("plots", "Plots"),
+    ("faults", "Faults"),
+    ("oracles", "Oracles"),
+    ("traffic", "Traffic"),
+    ("environment", "Environment"),
+    ("campaign", "Campaign"),
+)
 
 
 def render_html(report: RunReport) -> str:
@@ -70,20 +78,26 @@ def render_html(report: RunReport) -> str:
 
 def _banner(report: RunReport) -> str:
     label = report.verdict_label
-    headline = "INCOMPLETE — no verdict recorded" if not report.complete else label
+    headline = label if report.complete else f"{label} — judged from the journal: the run recorded no verdict itself"
     seed = "—" if report.seed is None else str(report.seed)
-    sub = (f"campaign <b>{escape(report.campaign_name)}</b> · seed {escape(seed)} · exit code {report.exit_code} · "
-           f"started {escape(when(report.started_at))} · run {escape(report.run_dir.name)}")
+    sub = (
+        f"campaign <b>{escape(report.campaign_name)}</b> · seed {escape(seed)} · exit code {report.exit_code} · "
+        f"started {escape(when(report.started_at))} · run {escape(report.run_dir.name)}"
+    )
     reasons = "".join(f"<li>{escape(r)}</li>" for r in report.reasons) or "<li>no reasons recorded</li>"
-    return (f'<header class="banner" id="verdict" data-verdict="{escape(label)}" style="background:{color_of(label)}">'
-            f'<h1>{escape(headline)}</h1><div class="sub">{sub}</div><ul>{reasons}</ul></header>')
+    return (
+        f'<header class="banner" id="verdict" data-verdict="{escape(label)}" style="background:{color_of(label)}">'
+        f'<h1>{escape(headline)}</h1><div class="sub">{sub}</div><ul>{reasons}</ul></header>'
+    )
 
 
 def _cards(report: RunReport) -> str:
     t, e = report.traffic, report.endings
     confirmed = sum(1 for f in report.faults if f.confirmed is True)
     healed = sum(1 for f in report.faults if f.end is not None and f.healed)
-    duration = (report.ended_at - report.origin) if report.ended_at else (t.last_end - report.origin if t.last_end else None)
+    duration = (
+        (report.ended_at - report.origin) if report.ended_at else (t.last_end - report.origin if t.last_end else None)
+    )
     cards = [
         ("leaks", str(len(report.leaks)), "bad" if report.leaks else "good"),
         ("requests", f"{t.counts.total:,}", ""),
@@ -92,27 +106,34 @@ def _cards(report: RunReport) -> str:
         ("attempts on an unavailable endpoint (refused, 503)", f"{e.unavailable_attempts:,}", ""),
         ("faults confirmed", f"{confirmed} of {len(report.faults)}", "warn" if confirmed < len(report.faults) else ""),
         ("faults healed", f"{healed} of {len(report.faults)}", "bad" if healed < len(report.faults) else ""),
-        ("TTFT p99 outside / under faults",
-         f"{ms(t.outside_faults.ttft.p99)} / {ms(t.under_faults.ttft.p99)} ms", ""),
+        ("TTFT p99 outside / under faults", f"{ms(t.outside_faults.ttft.p99)} / {ms(t.under_faults.ttft.p99)} ms", ""),
         ("run length", secs(duration), ""),
     ]
-    return '<div class="cards">' + "".join(
-        f'<div class="card"><div class="v {cls}">{escape(v)}</div><div class="k">{escape(k)}</div></div>' for k, v, cls in cards
-    ) + "</div>"
+    return (
+        '<div class="cards">'
+        + "".join(
+            f'<div class="card"><div class="v {cls}">{escape(v)}</div><div class="k">{escape(k)}</div></div>'
+            for k, v, cls in cards
+        )
+        + "</div>"
+    )
 
 
 # -------------------------------------------------------------------------------- matrix ----
 
 
 def _matrix(report: RunReport) -> str:
-    out = ['<h2 id="matrix">Fault × oracle</h2>',
-           '<p class="muted">Each cell: what the oracle concluded about requests during that fault window. '
-           "A window whose fault was not confirmed proves nothing, so it cannot pass.</p>"]
+    out = [
+        '<h2 id="matrix">Fault × oracle</h2>',
+        '<p class="muted">Each cell: what the oracle concluded about requests during that fault window. '
+        "A window whose fault was not confirmed proves nothing, so it cannot pass.</p>",
+    ]
     columns = [c.oracle for c in report.matrix[0].cells] if report.matrix else []
     if not columns:
         out.append('<p class="warn">No oracle result in the journal: the run stopped before the oracles ran.</p>')
     head = "<th>fault window</th><th>confirmed</th>" + "".join(
-        f"<th>{escape(name)}<br>{badge(_oracle_label(report, name))}</th>" for name in columns)
+        f"<th>{escape(name)}<br>{badge(_oracle_label(report, name))}</th>" for name in columns
+    )
     rows = []
     for row in report.matrix:
         if row.fault is None:
@@ -120,13 +141,20 @@ def _matrix(report: RunReport) -> str:
         else:
             f = row.fault
             title = f"<b>{escape(row.key)}</b><br><span class='muted mono'>{escape(compact_json(f.params))}</span>"
-            state = ('<span class="good">yes</span>' if f.confirmed else
-                     '<span class="bad">NO</span>' if f.confirmed is False else '<span class="warn">never</span>')
+            state = (
+                '<span class="good">yes</span>'
+                if f.confirmed
+                else '<span class="bad">NO</span>'
+                if f.confirmed is False
+                else '<span class="warn">never</span>'
+            )
         cells = []
         for cell in row.cells:
             count = f" ({len(cell.findings)})" if cell.findings else ""
-            cells.append(f'<td class="cell {cell_class(cell.label)}" title="{escape(cell.why)}">'
-                         f'<a href="#oracle-{escape(cell.oracle)}">{escape(cell.label)}{count}</a></td>')
+            cells.append(
+                f'<td class="cell {cell_class(cell.label)}" title="{escape(cell.why)}">'
+                f'<a href="#oracle-{escape(cell.oracle)}">{escape(cell.label)}{count}</a></td>'
+            )
         rows.append(f"<tr><td>{title}</td><td>{state}</td>{''.join(cells)}</tr>")
     out.append(f'<table class="matrix"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
     return "".join(out)
@@ -144,13 +172,23 @@ def _leaks(report: RunReport) -> str:
     out = ['<h2 id="leaks">Leaks</h2>']
     canary = report.oracle("canary")
     if not report.leaks:
-        text = ("No response carried another request's marker" + (f" ({canary.checked:,} responses scanned)." if canary else ".")
-                if canary else "The canary oracle did not run: leaks were not checked.")
+        text = (
+            "No response carried another request's marker"
+            + (f" ({canary.checked:,} responses scanned)." if canary else ".")
+            if canary
+            else "The canary oracle did not run: leaks were not checked."
+        )
         out.append(f'<p class="{"good" if canary else "warn"}">{escape(text)}</p>')
         return "".join(out)
-    out.append(f'<p class="bad">{len(report.leaks)} response(s) carried another request\'s canary marker.'
-               + (f" The first {MAX_LEAKS_SHOWN} are shown; report.json lists all." if len(report.leaks) > MAX_LEAKS_SHOWN else "")
-               + "</p>")
+    out.append(
+        f'<p class="bad">{len(report.leaks)} response(s) carried another request\'s canary marker.'
+        + (
+            f" The first {MAX_LEAKS_SHOWN} are shown; report.json lists all."
+            if len(report.leaks) > MAX_LEAKS_SHOWN
+            else ""
+        )
+        + "</p>"
+    )
     for number, leak in enumerate(report.leaks[:MAX_LEAKS_SHOWN], 1):
         out.append(_leak(report, number, leak))
     return "".join(out)
@@ -165,23 +203,31 @@ def _leak(report: RunReport, number: int, leak: Leak) -> str:
         spans = _spans_at(offender.response_text, leak.marker, leak.offset)
         left.append(f"<pre>{highlight(offender.response_text, spans)}</pre>")
     else:
-        left.append(f"<p class='muted'>Request not fetched; the oracle's excerpt:</p><pre>{highlight(leak.excerpt, _spans_at(leak.excerpt, leak.marker, None))}</pre>")
+        left.append(
+            f"<p class='muted'>Request not fetched; the oracle's excerpt:</p><pre>{highlight(leak.excerpt, _spans_at(leak.excerpt, leak.marker, None))}</pre>"
+        )
     right = ["<h4>Victim: " + escape(f.victim_request_id or "not journaled") + " — its prompt</h4>"]
     if victim is not None:
         right.append(_request_facts(report, victim, leak.victim_faults_active))
         if victim.prompt:
             right.append(f"<pre>{highlight(victim.prompt, _victim_spans(victim, leak.marker))}</pre>")
         else:
-            right.append(f"<p class='muted'>Prompt not kept ({victim.prompt_chars:,} characters). Its markers: "
-                         f"<code>{escape(', '.join(victim.markers))}</code></p>")
+            right.append(
+                f"<p class='muted'>Prompt not kept ({victim.prompt_chars:,} characters). Its markers: "
+                f"<code>{escape(', '.join(victim.markers))}</code></p>"
+            )
     else:
-        right.append("<p class='muted'>The marker names no journaled request (a fragment too short to name it, "
-                     "or a request the journal did not record).</p>")
+        right.append(
+            "<p class='muted'>The marker names no journaled request (a fragment too short to name it, "
+            "or a request the journal did not record).</p>"
+        )
     windows = ", ".join(leak.faults_active) or "none"
-    return (f'<div class="leak" id="leak-{number}"><h3>Leak {number}: {escape(f.summary)}</h3>'
-            f"<p>marker <code>{escape(leak.marker)}</code> ({escape(leak.kind or '?')}) · faults active at send: "
-            f"<b>{escape(windows)}</b> · window: {escape(f.window or 'none')}</p>"
-            f'<div class="side"><div>{"".join(left)}</div><div>{"".join(right)}</div></div></div>')
+    return (
+        f'<div class="leak" id="leak-{number}"><h3>Leak {number}: {escape(f.summary)}</h3>'
+        f"<p>marker <code>{escape(leak.marker)}</code> ({escape(leak.kind or '?')}) · faults active at send: "
+        f"<b>{escape(windows)}</b> · window: {escape(f.window or 'none')}</p>"
+        f'<div class="side"><div>{"".join(left)}</div><div>{"".join(right)}</div></div></div>'
+    )
 
 
 def _request_facts(report: RunReport, r: RequestRecord, windows: Sequence[str]) -> str:
@@ -190,9 +236,15 @@ def _request_facts(report: RunReport, r: RequestRecord, windows: Sequence[str]) 
         ("phase / user", f"{r.phase or '?'} / {r.user_kind or '?'}"),
         ("endpoint", f"{r.endpoint}{' (stream)' if r.stream else ''}"),
         ("sent", f"{format_seconds(round(sent, 2)) if sent is not None else '—'} ({when(r.t_send)})"),
-        ("status / outcome", f"{r.status if r.status is not None else '—'} / {r.outcome.value}"
-                             + (f" ({r.error_class})" if r.error_class else "")),
-        ("finish / tokens", f"{r.finish_reason or '—'} / {r.completion_tokens if r.completion_tokens is not None else '—'}"),
+        (
+            "status / outcome",
+            f"{r.status if r.status is not None else '—'} / {r.outcome.value}"
+            + (f" ({r.error_class})" if r.error_class else ""),
+        ),
+        (
+            "finish / tokens",
+            f"{r.finish_reason or '—'} / {r.completion_tokens if r.completion_tokens is not None else '—'}",
+        ),
         ("faults active", ", ".join(windows) or "none"),
     ]
     return kv_table(rows)
@@ -201,7 +253,7 @@ def _request_facts(report: RunReport, r: RequestRecord, windows: Sequence[str]) 
 def _spans_at(text: str, marker: str, offset: int | None) -> list[tuple[int, int]]:
     if not marker:
         return []
-    if offset is not None and text[offset:offset + len(marker)] == marker:
+    if offset is not None and text[offset : offset + len(marker)] == marker:
         return [(offset, offset + len(marker))]
     return _find_all(text, marker)
 
@@ -245,8 +297,10 @@ def highlight(text: str, spans: Sequence[tuple[int, int]], clip: int = CLIP_CHAR
 
 
 def _plots(report: RunReport) -> str:
-    legend = ('<p class="muted">Time is seconds since the run started. Red bands: confirmed fault windows; '
-              "hatched grey: faults never confirmed; dashed lines: load start/end and drain end.</p>")
+    legend = (
+        '<p class="muted">Time is seconds since the run started. Red bands: confirmed fault windows; '
+        "hatched grey: faults never confirmed; dashed lines: load start/end and drain end.</p>"
+    )
     return '<h2 id="plots">Plots</h2>' + legend + "".join(all_plots(report))
 
 
@@ -261,28 +315,73 @@ def _faults(report: RunReport) -> str:
     for f in report.faults:
         w = report.traffic.per_window.get(f.label, LatencyStats())
         start, end = report.offset(f.start), report.offset(f.end)
-        confirmed = ('<span class="good">confirmed</span>' if f.confirmed else
-                     '<span class="bad">NOT confirmed</span>' if f.confirmed is False else '<span class="warn">no confirm step</span>')
-        healed = ('<span class="good">healed</span>' if f.end is not None and f.healed else
-                  '<span class="bad">heal failed</span>' if f.end is not None else '<span class="bad">NOT healed</span>')
-        audit = ("—" if f.audit_clean is None else '<span class="good">clean</span>' if f.audit_clean else
-                 '<span class="bad">left: ' + escape("; ".join(f.leftovers)) + "</span>")
-        rows.append((
-            f"<b>{escape(f.label)}</b>", f"<span class='mono'>{escape(compact_json(f.params))}</span>",
-            escape(format_seconds(round(start, 1)) if start is not None else "never injected"),
-            escape(format_seconds(round(end, 1)) if end is not None else "—"),
-            escape(secs(f.duration_s)),
-            f"{confirmed}<br><span class='muted'>{escape(f.confirm_evidence)}</span>",
-            f"<span class='muted'>{escape(f.provocation or '—')}</span>",
-            healed, audit, escape(f.error or ""),
-            f"{w.counts.total:,}", pct(w.error_rate), ms(w.ttft.p50), ms(w.ttft.p99),
-        ))
+        confirmed = (
+            '<span class="good">confirmed</span>'
+            if f.confirmed
+            else '<span class="bad">NOT confirmed</span>'
+            if f.confirmed is False
+            else '<span class="warn">no confirm step</span>'
+        )
+        healed = (
+            '<span class="good">healed</span>'
+            if f.end is not None and f.healed
+            else '<span class="bad">heal failed</span>'
+            if f.end is not None
+            else '<span class="bad">NOT healed</span>'
+        )
+        audit = (
+            "—"
+            if f.audit_clean is None
+            else '<span class="good">clean</span>'
+            if f.audit_clean
+            else '<span class="bad">left: ' + escape("; ".join(f.leftovers)) + "</span>"
+        )
+        rows.append(
+            (
+                f"<b>{escape(f.label)}</b>",
+                f"<span class='mono'>{escape(compact_json(f.params))}</span>",
+                escape(format_seconds(round(start, 1)) if start is not None else "never injected"),
+                escape(format_seconds(round(end, 1)) if end is not None else "—"),
+                escape(secs(f.duration_s)),
+                f"{confirmed}<br><span class='muted'>{escape(f.confirm_evidence)}</span>",
+                f"<span class='muted'>{escape(f.provocation or '—')}</span>",
+                healed,
+                audit,
+                escape(f.error or ""),
+                f"{w.counts.total:,}",
+                pct(w.error_rate),
+                ms(w.ttft.p50),
+                ms(w.ttft.p99),
+            )
+        )
     if rows:
-        out.append(table(("window", "params", "start", "end", "length", "confirmation", "provocation", "heal", "audit", "error",
-                          "requests", "not answered", "TTFT p50 ms", "TTFT p99 ms"), rows, numeric=(10, 11, 12, 13)))
+        out.append(
+            table(
+                (
+                    "window",
+                    "params",
+                    "start",
+                    "end",
+                    "length",
+                    "confirmation",
+                    "provocation",
+                    "heal",
+                    "audit",
+                    "error",
+                    "requests",
+                    "not answered",
+                    "TTFT p50 ms",
+                    "TTFT p99 ms",
+                ),
+                rows,
+                numeric=(10, 11, 12, 13),
+            )
+        )
     planned = report.meta.get("windows_planned")
     if isinstance(planned, list) and len(planned) > len(report.faults):
-        out.append(f'<p class="warn">{len(planned)} window(s) were planned, {len(report.faults)} reached the journal.</p>')
+        out.append(
+            f'<p class="warn">{len(planned)} window(s) were planned, {len(report.faults)} reached the journal.</p>'
+        )
     return "".join(out)
 
 
@@ -294,8 +393,10 @@ def _oracles(report: RunReport) -> str:
     if not report.oracles:
         out.append('<p class="warn">No oracle result in the journal.</p>')
     for o in report.oracles:
-        out.append(f'<h3 id="oracle-{escape(o.name)}">{escape(o.name)} {badge(o.verdict.value)} '
-                   f'<span class="muted">checked {o.checked:,}, {len(o.findings):,} finding(s)</span></h3>')
+        out.append(
+            f'<h3 id="oracle-{escape(o.name)}">{escape(o.name)} {badge(o.verdict.value)} '
+            f'<span class="muted">checked {o.checked:,}, {len(o.findings):,} finding(s)</span></h3>'
+        )
         if o.notes:
             out.append("<ul>" + "".join(f"<li class='muted'>{escape(n)}</li>" for n in o.notes) + "</ul>")
         if o.findings:
@@ -307,11 +408,21 @@ def _oracles(report: RunReport) -> str:
 
 def _findings(findings: Sequence[Finding]) -> str:
     shown = sorted(findings, key=lambda f: {Verdict.FAIL: 0, Verdict.INCONCLUSIVE: 1, Verdict.PASS: 2}[f.verdict])
-    rows = [(badge(f.verdict.value), escape(f.summary), f"<code>{escape(f.request_id or '')}</code>",
-             f"<code>{escape(f.victim_request_id or '')}</code>", escape(f.window or "—"))
-            for f in shown[:MAX_FINDINGS_SHOWN]]
-    more = (f"<p class='muted'>{len(findings) - MAX_FINDINGS_SHOWN:,} more in report.json.</p>"
-            if len(findings) > MAX_FINDINGS_SHOWN else "")
+    rows = [
+        (
+            badge(f.verdict.value),
+            escape(f.summary),
+            f"<code>{escape(f.request_id or '')}</code>",
+            f"<code>{escape(f.victim_request_id or '')}</code>",
+            escape(f.window or "—"),
+        )
+        for f in shown[:MAX_FINDINGS_SHOWN]
+    ]
+    more = (
+        f"<p class='muted'>{len(findings) - MAX_FINDINGS_SHOWN:,} more in report.json.</p>"
+        if len(findings) > MAX_FINDINGS_SHOWN
+        else ""
+    )
     return table(("verdict", "finding", "request", "victim", "window"), rows) + more
 
 
@@ -325,34 +436,90 @@ def _traffic(report: RunReport) -> str:
         out.append('<p class="warn">The journal holds no request.</p>')
     lat_rows = [("all but baseline", t.overall), ("outside faults", t.outside_faults), ("under faults", t.under_faults)]
     lat_rows += [(f.label, t.per_window.get(f.label, LatencyStats())) for f in report.faults if f.start is not None]
-    out.append("<h3>Latency (ms) and errors by span</h3>" + table(
-        ("span", "requests", "not answered", "TTFT p50", "TTFT p90", "TTFT p99", "ITL p50", "ITL p99", "E2E p50", "E2E p99"),
-        [(escape(name), f"{s.counts.total:,}", pct(s.error_rate), ms(s.ttft.p50), ms(s.ttft.p90), ms(s.ttft.p99),
-          ms(s.itl.p50), ms(s.itl.p99), ms(s.e2e.p50), ms(s.e2e.p99)) for name, s in lat_rows],
-        numeric=tuple(range(1, 10))))
-    counts = [("all", t.counts)] + [(f"phase {k}", v) for k, v in t.by_phase.items()] + \
-             [(f"user {k}", v) for k, v in t.by_user_kind.items()]
-    out.append("<h3>Outcomes</h3>" + table(("requests", "total", "ok", "fail", "info"),
-                                            [(escape(k), f"{c.total:,}", f"{c.ok:,}", f"{c.fail:,}", f"{c.info:,}") for k, c in counts],
-                                            numeric=(1, 2, 3, 4)))
+    out.append(
+        "<h3>Latency (ms) and errors by span</h3>"
+        + table(
+            (
+                "span",
+                "requests",
+                "not answered",
+                "TTFT p50",
+                "TTFT p90",
+                "TTFT p99",
+                "ITL p50",
+                "ITL p99",
+                "E2E p50",
+                "E2E p99",
+            ),
+            [
+                (
+                    escape(name),
+                    f"{s.counts.total:,}",
+                    pct(s.error_rate),
+                    ms(s.ttft.p50),
+                    ms(s.ttft.p90),
+                    ms(s.ttft.p99),
+                    ms(s.itl.p50),
+                    ms(s.itl.p99),
+                    ms(s.e2e.p50),
+                    ms(s.e2e.p99),
+                )
+                for name, s in lat_rows
+            ],
+            numeric=tuple(range(1, 10)),
+        )
+    )
+    counts = (
+        [("all", t.counts)]
+        + [(f"phase {k}", v) for k, v in t.by_phase.items()]
+        + [(f"user {k}", v) for k, v in t.by_user_kind.items()]
+    )
+    out.append(
+        "<h3>Outcomes</h3>"
+        + table(
+            ("requests", "total", "ok", "fail", "info"),
+            [(escape(k), f"{c.total:,}", f"{c.ok:,}", f"{c.fail:,}", f"{c.info:,}") for k, c in counts],
+            numeric=(1, 2, 3, 4),
+        )
+    )
     e = report.endings
-    out.append("<h3>Endings</h3><p>How each request of the load ended, read for a release decision "
-               "(the baseline aside): <em>as intended</em> is an over-length prompt refused with a 4xx or an "
-               "abort that ended as one (whether each refusal was the right one is the status oracle's "
-               "verdict); <em>under a fault</em> is any other ending of a request sent while a fault was "
-               "active or just after its heal; <em>unexplained</em> is the rest, worth reading one by one.</p>"
-               + table(("answered", "as intended", "under a fault", "unexplained", "unexplained by error class"),
-                       [(f"{e.answered:,}", f"{e.as_intended:,}", f"{e.under_fault:,}", f"{e.unexplained:,}",
-                         escape(", ".join(f"{k} {n:,}" for k, n in e.unexplained_error_classes) or "—"))],
-                       numeric=(0, 1, 2, 3)))
+    out.append(
+        "<h3>Endings</h3><p>How each request of the load ended, read for a release decision "
+        "(the baseline aside): <em>as intended</em> is an over-length prompt refused with a 4xx or an "
+        "abort that ended as one (whether each refusal was the right one is the status oracle's "
+        "verdict); <em>under a fault</em> is any other ending of a request sent while a fault was "
+        "active or just after its heal; <em>unexplained</em> is the rest, worth reading one by one.</p>"
+        + table(
+            ("answered", "as intended", "under a fault", "unexplained", "unexplained by error class"),
+            [
+                (
+                    f"{e.answered:,}",
+                    f"{e.as_intended:,}",
+                    f"{e.under_fault:,}",
+                    f"{e.unexplained:,}",
+                    escape(", ".join(f"{k} {n:,}" for k, n in e.unexplained_error_classes) or "—"),
+                )
+            ],
+            numeric=(0, 1, 2, 3),
+        )
+    )
     if t.error_classes:
-        out.append("<h3>Error classes</h3>" + table(
-            ("error class", "whole run", "under faults"),
-            [(f"<code>{escape(k)}</code>", f"{v:,}", f"{t.error_classes_under_faults.get(k, 0):,}") for k, v in t.error_classes.items()],
-            numeric=(1, 2)))
-    recorded = report.recorded.requests if report.recorded else None
+        out.append(
+            "<h3>Error classes</h3>"
+            + table(
+                ("error class", "whole run", "under faults"),
+                [
+                    (f"<code>{escape(k)}</code>", f"{v:,}", f"{t.error_classes_under_faults.get(k, 0):,}")
+                    for k, v in t.error_classes.items()
+                ],
+                numeric=(1, 2),
+            )
+        )
+    recorded = report.run_verdict.requests
     if recorded and recorded.get("total") not in (None, t.counts.total):
-        out.append(f'<p class="warn">The verdict counted {recorded.get("total")} request(s); the journal holds {t.counts.total}.</p>')
+        out.append(
+            f'<p class="warn">The verdict counted {recorded.get("total")} request(s); the journal holds {t.counts.total}.</p>'
+        )
     return "".join(out)
 
 
@@ -366,7 +533,11 @@ def _environment(report: RunReport) -> str:
         ("seed", "—" if report.seed is None else str(report.seed)),
         ("run prefix", str(report.meta.get("run_prefix", "—"))),
         ("target", f"{target.get('kind', '—')} · router {target.get('router_url', '—')}"),
-        ("workers", ", ".join(f"{w.get('role')}: {w.get('url')}" for w in target.get("workers") or [] if isinstance(w, dict)) or "—"),
+        (
+            "workers",
+            ", ".join(f"{w.get('role')}: {w.get('url')}" for w in target.get("workers") or [] if isinstance(w, dict))
+            or "—",
+        ),
         ("placement", ", ".join(f"{role}: {where}" for role, where in (target.get("placement") or {}).items()) or "—"),
         ("router", _versions(env.get("router"))),
         ("Mooncake", str(env.get("mooncake", "—"))),
@@ -382,18 +553,59 @@ def _environment(report: RunReport) -> str:
     out.append(kv_table(rows))
     pools = [c for c in env.get("pool_check") or [] if isinstance(c, Mapping)]
     if pools:
-        out.append("<h3>KV pool vs memory fraction (per role)</h3>" + table(
-            ("role", "status", "GPUs", "fraction", "expected KV GiB", "reported KV GiB", "reported pool tokens", "why"),
-            [tuple(escape(str(c.get(k) if c.get(k) is not None else "—")) for k in
-                   ("role", "status", "gpu_ids", "mem_fraction_static", "expected_kv_gib", "reported_kv_gib",
-                    "reported_pool_tokens", "reason")) for c in pools]))
+        out.append(
+            "<h3>KV pool vs memory fraction (per role)</h3>"
+            + table(
+                (
+                    "role",
+                    "status",
+                    "GPUs",
+                    "fraction",
+                    "expected KV GiB",
+                    "reported KV GiB",
+                    "reported pool tokens",
+                    "why",
+                ),
+                [
+                    tuple(
+                        escape(str(c.get(k) if c.get(k) is not None else "—"))
+                        for k in (
+                            "role",
+                            "status",
+                            "gpu_ids",
+                            "mem_fraction_static",
+                            "expected_kv_gib",
+                            "reported_kv_gib",
+                            "reported_pool_tokens",
+                            "reason",
+                        )
+                    )
+                    for c in pools
+                ],
+            )
+        )
     engine = env.get("engine")
     if isinstance(engine, Mapping) and engine:
-        keys = sorted({k for flags in engine.values() if isinstance(flags, Mapping) for k in flags}, key=lambda k: (k != "version", k))
-        out.append("<h3>Engine (per role)</h3>" + table(
-            ("flag", *engine.keys()),
-            [(escape(k), *(escape(str(flags.get(k, "—"))) if isinstance(flags, Mapping) else "—" for flags in engine.values()))
-             for k in keys]))
+        keys = sorted(
+            {k for flags in engine.values() if isinstance(flags, Mapping) for k in flags},
+            key=lambda k: (k != "version", k),
+        )
+        out.append(
+            "<h3>Engine (per role)</h3>"
+            + table(
+                ("flag", *engine.keys()),
+                [
+                    (
+                        escape(k),
+                        *(
+                            escape(str(flags.get(k, "—"))) if isinstance(flags, Mapping) else "—"
+                            for flags in engine.values()
+                        ),
+                    )
+                    for k in keys
+                ],
+            )
+        )
     return "".join(out)
 
 
@@ -414,8 +626,10 @@ def _cpu(value: Any) -> str:
 
 def _campaign(report: RunReport) -> str:
     text = report.meta.get("campaign_yaml")
-    out = ['<h2 id="campaign">Campaign</h2>',
-           "<p><code>reproduce.yaml</code> next to this report replays this run (same campaign, same seed).</p>"]
+    out = [
+        '<h2 id="campaign">Campaign</h2>',
+        "<p><code>reproduce.yaml</code> next to this report replays this run (same campaign, same seed).</p>",
+    ]
     if isinstance(text, str) and text.strip():
         out.append(f"<details><summary>campaign as given</summary><pre>{escape(text)}</pre></details>")
     elif report.meta.get("campaign") is None:
@@ -426,5 +640,8 @@ def _campaign(report: RunReport) -> str:
 def _problems(report: RunReport) -> str:
     if not report.problems:
         return ""
-    return ('<h2 id="problems">Journal problems</h2><ul>' +
-            "".join(f"<li class='warn'>{escape(p)}</li>" for p in report.problems) + "</ul>")
+    return (
+        '<h2 id="problems">Journal problems</h2><ul>'
+        + "".join(f"<li class='warn'>{escape(p)}</li>" for p in report.problems)
+        + "</ul>"
+    )

@@ -16,7 +16,6 @@ VERDICT_COLORS = {
     "PASS": "#1a7f37",
     "FAIL": "#cf222e",
     "INCONCLUSIVE": "#9a6700",
-    "INCOMPLETE": "#6639ba",
     "NOT RUN": "#6e7781",
 }
 
@@ -71,9 +70,11 @@ footer{margin-top:30px;font-size:12px;color:#57606a}
 
 
 def page(title: str, body: str) -> str:
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{escape(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
+    )
 
 
 def color_of(label: str) -> str:
@@ -93,8 +94,11 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, cls: str = "
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = []
     for row in rows:
-        body.append("<tr>" + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>"
-                                     for i, c in enumerate(row)) + "</tr>")
+        body.append(
+            "<tr>"
+            + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+            + "</tr>"
+        )
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 

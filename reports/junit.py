@@ -5,8 +5,9 @@ not a pass, not a failure of the engine); an oracle that never ran → <skipped>
 fault window, one for findings outside any window, and a `run` suite whose `verdict` case carries
 the run's verdict and one case per gate. An INCONCLUSIVE run verdict is a <failure> of type
 INCONCLUSIVE by default, because a CI job that gates on JUnit would show an unproven run green;
-the campaign's `report.junit_inconclusive: skipped` keeps it <skipped>. An INCOMPLETE run is an
-<error>. Run facts (seed, campaign, engine versions) are suite properties.
+the campaign's `report.junit_inconclusive: skipped` keeps it <skipped>. A run that stopped before
+it judged itself is judged from its journal, and shown as any run with that verdict. Run facts
+(seed, campaign, engine versions) are suite properties.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from reports.model import RunReport
 
 MAX_DETAIL_FINDINGS = 50
 # XML 1.0 cannot hold most control characters, and a leaked response may contain any of them.
-_NOT_XML = re.compile("[^\x09\x0A\x0D\x20-\uD7FF\uE000-\uFFFD\U00010000-\U0010FFFF]")
+_NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def render_junit(report: RunReport) -> str:
@@ -32,25 +33,28 @@ def render_junit(report: RunReport) -> str:
         _properties(suite, report, row.fault.label if row.fault else None)
         duration = row.fault.duration_s if row.fault and row.fault.duration_s is not None else 0.0
         for cell in row.cells:
-            case = ET.SubElement(suite, "testcase", classname=f"pdchaos.{campaign}.{row.key}", name=cell.oracle,
-                                 time=f"{duration:.3f}")
+            case = ET.SubElement(
+                suite, "testcase", classname=f"pdchaos.{campaign}.{row.key}", name=cell.oracle, time=f"{duration:.3f}"
+            )
             _outcome(case, cell)
         _count(suite)
     run = ET.SubElement(root, "testsuite", name="run")
     _properties(run, report, None)
     verdict = ET.SubElement(run, "testcase", classname=f"pdchaos.{campaign}.run", name="verdict")
     message = "; ".join(report.reasons)
-    if not report.complete:
-        ET.SubElement(verdict, "error", message=message, type="INCOMPLETE").text = "\n".join(report.reasons)
-    elif report.recorded and report.recorded.verdict is Verdict.FAIL:
+    if report.run_verdict.verdict is Verdict.FAIL:
         ET.SubElement(verdict, "failure", message=message, type="FAIL").text = "\n".join(report.reasons)
-    elif report.recorded and report.recorded.verdict is Verdict.INCONCLUSIVE:
+    elif report.run_verdict.verdict is Verdict.INCONCLUSIVE:
         if _inconclusive_as(report) == "skipped":
             ET.SubElement(verdict, "skipped", message=f"INCONCLUSIVE: {message}")
         else:
-            ET.SubElement(verdict, "failure", message=f"INCONCLUSIVE: {message}", type="INCONCLUSIVE").text = "\n".join(report.reasons)
+            ET.SubElement(verdict, "failure", message=f"INCONCLUSIVE: {message}", type="INCONCLUSIVE").text = "\n".join(
+                report.reasons
+            )
     for number, gate in enumerate(report.gates, 1):
-        case = ET.SubElement(run, "testcase", classname=f"pdchaos.{campaign}.gates", name=f"gate {number}: {gate.window or 'run'}")
+        case = ET.SubElement(
+            run, "testcase", classname=f"pdchaos.{campaign}.gates", name=f"gate {number}: {gate.window or 'run'}"
+        )
         if gate.verdict is Verdict.FAIL:
             ET.SubElement(case, "failure", message=gate.summary, type="FAIL")
         elif gate.verdict is Verdict.INCONCLUSIVE:
@@ -85,7 +89,11 @@ def _outcome(case: ET.Element, cell: MatrixCell) -> None:
 def _details(findings: Sequence[Finding]) -> str:
     lines = []
     for f in findings[:MAX_DETAIL_FINDINGS]:
-        who = f" [request {f.request_id}" + (f", victim {f.victim_request_id}" if f.victim_request_id else "") + "]" if f.request_id else ""
+        who = (
+            f" [request {f.request_id}" + (f", victim {f.victim_request_id}" if f.victim_request_id else "") + "]"
+            if f.request_id
+            else ""
+        )
         marker = f" marker {f.evidence['marker']}" if "marker" in f.evidence else ""
         lines.append(f"{f.summary}{who}{marker}")
     if len(findings) > MAX_DETAIL_FINDINGS:
@@ -95,8 +103,12 @@ def _details(findings: Sequence[Finding]) -> str:
 
 def _properties(suite: ET.Element, report: RunReport, window: str | None) -> None:
     props = ET.SubElement(suite, "properties")
-    values = {"campaign": report.campaign_name, "seed": report.seed, "verdict": report.verdict_label,
-              "run_dir": str(report.run_dir)}
+    values = {
+        "campaign": report.campaign_name,
+        "seed": report.seed,
+        "verdict": report.verdict_label,
+        "run_dir": str(report.run_dir),
+    }
     engine = report.environment.get("engine")
     if isinstance(engine, dict):
         for role, info in engine.items():
@@ -104,8 +116,14 @@ def _properties(suite: ET.Element, report: RunReport, window: str | None) -> Non
                 values[f"engine.{role}.version"] = info.get("version")
     fault = next((f for f in report.faults if f.label == window), None)
     if fault is not None:
-        values.update({"fault": fault.fault, "confirmed": fault.confirmed, "confirm_evidence": fault.confirm_evidence,
-                       "healed": fault.end is not None and fault.healed})
+        values.update(
+            {
+                "fault": fault.fault,
+                "confirmed": fault.confirmed,
+                "confirm_evidence": fault.confirm_evidence,
+                "healed": fault.end is not None and fault.healed,
+            }
+        )
     for name, value in values.items():
         ET.SubElement(props, "property", name=name, value="" if value is None else str(value))
 

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from chaos.verdict import Finding, OracleResult, Verdict, combine
-
-if TYPE_CHECKING:
-    from reports.model import FaultRecord
+from reports.fault_record import FaultRecord
 
 OUTSIDE = "outside fault windows"
 
@@ -53,8 +50,12 @@ class MatrixRow:
         return next((c for c in self.cells if c.oracle == oracle), None)
 
 
-def build_matrix(faults: Sequence[FaultRecord], oracles: Sequence[OracleResult], gates: Sequence[Finding],
-                 expected: Sequence[str] = ()) -> list[MatrixRow]:
+def build_matrix(
+    faults: Sequence[FaultRecord],
+    oracles: Sequence[OracleResult],
+    gates: Sequence[Finding],
+    expected: Sequence[str] = (),
+) -> list[MatrixRow]:
     """`expected`: the oracles the campaign enabled; those without a result get NOT RUN columns."""
     results = {o.name: o for o in oracles}
     columns = list(dict.fromkeys([*expected, *results]))
@@ -78,23 +79,37 @@ def build_matrix(faults: Sequence[FaultRecord], oracles: Sequence[OracleResult],
 
     rows = []
     for fault in faults:
-        cells = tuple(_cell(name, results.get(name), found.get((fault.label, name), []), fault, gated.get(fault.label, []))
-                      for name in columns)
+        cells = tuple(
+            _cell(name, results.get(name), found.get((fault.label, name), []), fault, gated.get(fault.label, []))
+            for name in columns
+        )
         rows.append(MatrixRow(fault.label, fault, cells))
-    rows.append(MatrixRow(OUTSIDE, None, tuple(_cell(name, results.get(name), found.get((OUTSIDE, name), []), None, [])
-                                               for name in columns)))
+    rows.append(
+        MatrixRow(
+            OUTSIDE,
+            None,
+            tuple(_cell(name, results.get(name), found.get((OUTSIDE, name), []), None, []) for name in columns),
+        )
+    )
     return rows
 
 
-def _cell(name: str, oracle: OracleResult | None, findings: list[Finding], fault: FaultRecord | None, gates: list[Finding]) -> MatrixCell:
+def _cell(
+    name: str, oracle: OracleResult | None, findings: list[Finding], fault: FaultRecord | None, gates: list[Finding]
+) -> MatrixCell:
     if oracle is None:
         return MatrixCell(name, None, (), "not evaluated: the journal holds no result of this oracle")
     fails = [f for f in findings if f.verdict is Verdict.FAIL]
     if fails:
-        return MatrixCell(oracle.name, Verdict.FAIL, tuple(findings), f"{len(fails)} failing finding(s): {fails[0].summary}")
+        return MatrixCell(
+            oracle.name, Verdict.FAIL, tuple(findings), f"{len(fails)} failing finding(s): {fails[0].summary}"
+        )
     if fault is not None and fault.confirmed is not True:
-        why = ("fault not confirmed: " + (fault.confirm_evidence or "no evidence it took effect")) if fault.confirmed is False \
+        why = (
+            ("fault not confirmed: " + (fault.confirm_evidence or "no evidence it took effect"))
+            if fault.confirmed is False
             else "fault never confirmed (no confirm step recorded)"
+        )
         return MatrixCell(oracle.name, Verdict.INCONCLUSIVE, tuple(findings), why)
     if gates:
         return MatrixCell(oracle.name, Verdict.INCONCLUSIVE, tuple(findings), gates[0].summary)

@@ -4,9 +4,10 @@ The journal is read once: one pass over the events, one column query over the re
 (`reports/columns.py`), then lookups by id for the leaks' two requests. Everything a renderer needs is computed
 here once, so the renderers stay dumb and always agree with one another.
 
-A run that crashed midway has no `verdict/run` event: it is INCOMPLETE, whatever its oracles said
-so far, and every renderer says so first. Malformed events do not stop a report; they are listed
-in `problems`.
+A run that stopped before it judged itself (killed, or still running) has no `verdict/run` event:
+its journal is judged here as the runner judges it (`chaos/judging/judge.py`), so its verdict is
+PASS, FAIL or INCONCLUSIVE like any run's, and every renderer says first that the run did not
+record it itself. Malformed events do not stop a report; they are listed in `problems`.
 """
 
 from __future__ import annotations
@@ -21,52 +22,22 @@ from typing import Any
 import numpy as np
 
 from chaos.journal import EventKind, Journal, JournalEvent, RequestRecord
-from chaos.verdict import Finding, OracleResult, Verdict, combine
+from chaos.judging.judge import judge
+from chaos.verdict import Finding, OracleResult, Verdict
 from chaos.windows import windows_from_events
 from reports.columns import read_columns
+from reports.fault_record import FaultRecord
 from reports.matrix import MatrixRow, build_matrix
 from reports.outcomes import OutcomeClasses, classify
 from reports.traffic import Span, Traffic, compute_traffic
 
-INCOMPLETE = "INCOMPLETE"
 CANARY_ORACLE = "canary"
 LEAK_DETAIL_LIMIT = 100  # a broken engine can leak thousands of times; fetch both requests for the first ones
 
 
 @dataclass(frozen=True)
-class FaultRecord:
-    """One fault window: what the plan, inject, confirm, heal and audit events say."""
-
-    window_id: str
-    fault: str
-    params: dict[str, Any] = field(default_factory=dict)
-    start: float | None = None  # inject; None: never injected (the fault raised, or the run died)
-    end: float | None = None  # heal; None: not healed (yet)
-    confirmed: bool | None = None  # None: no confirm step recorded
-    confirm_evidence: str = ""
-    healed: bool = False
-    error: str | None = None
-    audit_clean: bool | None = None
-    leftovers: list[str] = field(default_factory=list)
-    provocation: str = ""  # what the window sent to provoke its bug classes (faults/provoke.py)
-
-    @property
-    def label(self) -> str:
-        return f"{self.fault}#{self.window_id}"
-
-    @property
-    def duration_s(self) -> float | None:
-        return None if self.start is None or self.end is None else self.end - self.start
-
-    @property
-    def proves_something(self) -> bool:
-        """Only a confirmed fault can make its window PASS (docs/architecture.md: unconfirmed is INCONCLUSIVE)."""
-        return self.confirmed is True
-
-
-@dataclass(frozen=True)
-class RecordedVerdict:
-    """The runner's last word, the `verdict/run` event."""
+class RunVerdict:
+    """The run's verdict: its `verdict/run` event or, where it recorded none, the judge's over its journal."""
 
     verdict: Verdict
     exit_code: int
@@ -117,7 +88,8 @@ class RunReport:
     faults: list[FaultRecord]
     oracles: list[OracleResult]
     gates: list[Finding]
-    recorded: RecordedVerdict | None
+    run_verdict: RunVerdict
+    complete: bool  # the run recorded its verdict itself; False: judged here from what its journal holds
     phases: list[PhaseMark]
     pool: list[PoolPoint]
     traffic: Traffic
@@ -129,39 +101,16 @@ class RunReport:
     # -- the headline --------------------------------------------------------------------------
 
     @property
-    def complete(self) -> bool:
-        return self.recorded is not None
-
-    @property
     def verdict_label(self) -> str:
-        return self.recorded.verdict.value if self.recorded else INCOMPLETE
+        return self.run_verdict.verdict.value
 
     @property
     def exit_code(self) -> int:
-        """The recorded one; an incomplete run is 1 if it already holds a FAIL, else 3 (unproven)."""
-        if self.recorded is not None:
-            return self.recorded.exit_code
-        return Verdict.FAIL.exit_code if self.provisional_verdict is Verdict.FAIL else Verdict.INCONCLUSIVE.exit_code
-
-    @property
-    def provisional_verdict(self) -> Verdict:
-        """What the evidence recorded so far says (for an incomplete run: never better than INCONCLUSIVE)."""
-        seen = combine([*(o.verdict for o in self.oracles), *(g.verdict for g in self.gates)])
-        return seen if self.complete or seen is Verdict.FAIL else Verdict.INCONCLUSIVE
+        return self.run_verdict.exit_code
 
     @property
     def reasons(self) -> list[str]:
-        if self.recorded is not None:
-            return list(self.recorded.reasons)
-        out = [f"{INCOMPLETE} — no verdict recorded: the run stopped before it judged itself"]
-        reached = [p.name for p in self.phases]
-        if reached:
-            out.append(f"last phase event: {reached[-1]}")
-        unhealed = [f.label for f in self.faults if f.start is not None and f.end is None]
-        if unhealed:
-            out.append(f"fault(s) never healed: {', '.join(unhealed)} — run `pdchaos heal {self.run_dir}`")
-        out += [f"{o.name}: {f.summary}" for o in self.oracles for f in o.findings if f.verdict is Verdict.FAIL][:5]
-        return out
+        return list(self.run_verdict.reasons)
 
     # -- convenient views ----------------------------------------------------------------------
 
@@ -228,12 +177,34 @@ def load_run(run_dir: str | Path) -> RunReport:
         spans = [Span(f.label, f.start, f.end) for f in faults if f.start is not None]
         traffic = compute_traffic(columns, origin, spans)
         endings = classify(columns, spans)
-        oracles = list(events.oracles.values())
+        oracles, gates, run_verdict = list(events.oracles.values()), events.gates, events.recorded
+        complete = run_verdict is not None
+        if run_verdict is None:  # the run stopped before it judged itself: judge what its journal holds
+            judgement = judge(journal)
+            oracles, gates = judgement.oracles, judgement.gates
+            run_verdict = RunVerdict(
+                judgement.verdict,
+                judgement.exit_code,
+                judgement.reasons,
+                judgement.requests,
+                judgement.generator_saturated,
+            )
         leaks = _leaks(journal, oracles)
     report = RunReport(
-        run_dir=run_dir, meta=meta, origin=origin, faults=faults, oracles=oracles, gates=events.gates,
-        recorded=events.recorded, phases=events.phases, pool=events.pool, traffic=traffic, leaks=leaks,
-        matrix=build_matrix(faults, oracles, events.gates, _enabled_oracles(meta)), problems=events.problems,
+        run_dir=run_dir,
+        meta=meta,
+        origin=origin,
+        faults=faults,
+        oracles=oracles,
+        gates=gates,
+        run_verdict=run_verdict,
+        complete=complete,
+        phases=events.phases,
+        pool=events.pool,
+        traffic=traffic,
+        leaks=leaks,
+        matrix=build_matrix(faults, oracles, gates, _enabled_oracles(meta)),
+        problems=events.problems,
         endings=endings,
     )
     return report
@@ -284,7 +255,7 @@ class _EventReader:
         self.fault_events: list[JournalEvent] = []
         self.oracles: dict[str, OracleResult] = {}  # a re-evaluation replaces the earlier result
         self.gates: list[Finding] = []
-        self.recorded: RecordedVerdict | None = None
+        self.recorded: RunVerdict | None = None
         self.phases: list[PhaseMark] = []
         self.pool: list[PoolPoint] = []
         self.problems: list[str] = []
@@ -296,7 +267,9 @@ class _EventReader:
         try:
             self._dispatch(event)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            self.problems.append(f"event #{event.seq} {event.kind}/{event.name}: unreadable ({type(exc).__name__}: {exc})")
+            self.problems.append(
+                f"event #{event.seq} {event.kind}/{event.name}: unreadable ({type(exc).__name__}: {exc})"
+            )
 
     def _dispatch(self, event: JournalEvent) -> None:
         kind, data = event.kind, dict(event.data)
@@ -312,7 +285,7 @@ class _EventReader:
         elif kind == "verdict" and event.name == "gate":
             self.gates.append(finding_from_json(data))
         elif kind == "verdict" and event.name == "run":
-            self.recorded = RecordedVerdict(
+            self.recorded = RunVerdict(
                 verdict=Verdict(data["verdict"]),
                 exit_code=int(data.get("exit_code", Verdict(data["verdict"]).exit_code)),
                 reasons=[str(r) for r in data.get("reasons") or []],
@@ -333,14 +306,23 @@ class _EventReader:
             elif step == "heal" and data.get("error"):
                 extra.setdefault(wid, {}).setdefault("error", str(data.get("error")))
             elif step == "audit":
-                extra.setdefault(wid, {}).update(audit_clean=bool(data.get("clean")),
-                                                 leftovers=[str(x) for x in data.get("leftovers") or []])
+                extra.setdefault(wid, {}).update(
+                    audit_clean=bool(data.get("clean")), leftovers=[str(x) for x in data.get("leftovers") or []]
+                )
             elif step == "provoke":
                 extra.setdefault(wid, {})["provocation"] = describe_provocation(data)
         return [
-            FaultRecord(window_id=w.window_id, fault=w.fault, params=w.params, start=w.start, end=w.end,
-                        confirmed=w.confirmed, confirm_evidence=w.confirm_evidence, healed=w.healed,
-                        **extra.get(w.window_id, {}))
+            FaultRecord(
+                window_id=w.window_id,
+                fault=w.fault,
+                params=w.params,
+                start=w.start,
+                end=w.end,
+                confirmed=w.confirmed,
+                confirm_evidence=w.confirm_evidence,
+                healed=w.healed,
+                **extra.get(w.window_id, {}),
+            )
             for w in windows_from_events(self.fault_events)
         ]
 
@@ -370,9 +352,13 @@ def _pool_points(t: float, data: Mapping[str, Any]) -> list[PoolPoint]:
 
 def finding_from_json(data: Mapping[str, Any]) -> Finding:
     return Finding(
-        oracle=str(data.get("oracle", "")), verdict=Verdict(data["verdict"]), summary=str(data.get("summary", "")),
-        request_id=data.get("request_id"), victim_request_id=data.get("victim_request_id"),
-        window=data.get("window"), evidence=dict(data.get("evidence") or {}),
+        oracle=str(data.get("oracle", "")),
+        verdict=Verdict(data["verdict"]),
+        summary=str(data.get("summary", "")),
+        request_id=data.get("request_id"),
+        victim_request_id=data.get("victim_request_id"),
+        window=data.get("window"),
+        evidence=dict(data.get("evidence") or {}),
     )
 
 
@@ -381,43 +367,73 @@ def oracle_from_json(data: Mapping[str, Any]) -> OracleResult:
     findings = []
     for item in data.get("findings") or []:
         finding = finding_from_json(item)
-        findings.append(finding if finding.oracle else Finding(name, finding.verdict, finding.summary,
-                                                               finding.request_id, finding.victim_request_id,
-                                                               finding.window, finding.evidence))
-    return OracleResult(name=name, verdict=Verdict(data["verdict"]), checked=int(data.get("checked", 0)),
-                        findings=findings, notes=[str(n) for n in data.get("notes") or []])
+        findings.append(
+            finding
+            if finding.oracle
+            else Finding(
+                name,
+                finding.verdict,
+                finding.summary,
+                finding.request_id,
+                finding.victim_request_id,
+                finding.window,
+                finding.evidence,
+            )
+        )
+    return OracleResult(
+        name=name,
+        verdict=Verdict(data["verdict"]),
+        checked=int(data.get("checked", 0)),
+        findings=findings,
+        notes=[str(n) for n in data.get("notes") or []],
+    )
 
 
 def _leaks(journal: Journal, oracles: list[OracleResult]) -> list[Leak]:
     canary = next((o for o in oracles if o.name == CANARY_ORACLE), None)
     if canary is None:
         return []
-    leaks = []
+    leaks: list[Leak] = []
     for f in canary.findings:
         if f.verdict is not Verdict.FAIL:
             continue
         detailed = len(leaks) < LEAK_DETAIL_LIMIT
         ev = f.evidence
         offset = ev.get("offset")
-        leaks.append(Leak(
-            finding=f, marker=str(ev.get("marker", "")), kind=str(ev.get("kind", "")),
-            offset=offset if isinstance(offset, int) else None, excerpt=str(ev.get("excerpt", "")),
-            faults_active=[str(x) for x in ev.get("faults_active") or []],
-            victim_faults_active=[str(x) for x in ev.get("victim_faults_active") or []],
-            offender=journal.get_request(f.request_id) if f.request_id and detailed else None,
-            victim=journal.get_request(f.victim_request_id) if f.victim_request_id and detailed else None,
-        ))
+        leaks.append(
+            Leak(
+                finding=f,
+                marker=str(ev.get("marker", "")),
+                kind=str(ev.get("kind", "")),
+                offset=offset if isinstance(offset, int) else None,
+                excerpt=str(ev.get("excerpt", "")),
+                faults_active=[str(x) for x in ev.get("faults_active") or []],
+                victim_faults_active=[str(x) for x in ev.get("victim_faults_active") or []],
+                offender=journal.get_request(f.request_id) if f.request_id and detailed else None,
+                victim=journal.get_request(f.victim_request_id) if f.victim_request_id and detailed else None,
+            )
+        )
     return leaks
 
 
-def describe_provocation(data: dict[str, Any]) -> str:
+def describe_provocation(data: Mapping[str, Any]) -> str:
     """One line per window: the kinds, what was sent and answered, and where each band landed."""
     kinds = ", ".join(str(k) for k in data.get("kinds") or []) or "none"
     sent = ", ".join(f"{k} {v}" for k, v in sorted((data.get("sent") or {}).items())) or "nothing sent"
     answers = ", ".join(f"{k} x{v}" for k, v in sorted((data.get("statuses") or {}).items()))
-    limits = "; ".join(f"{role}: pool {v.get('pool_tokens')}, context {v.get('context_length')}, max input {v.get('max_input_tokens')}"
-                       for role, v in sorted((data.get("limits") or {}).items()) if isinstance(v, dict))
-    landed = "; ".join(f"{label}: {min(v)}..{max(v)} tokens" for label, v in sorted((data.get("landed") or {}).items()) if v)
-    parts = [f"{kinds}: sent {sent}", f"answers {answers}" if answers else "", f"limits read {limits}" if limits else "",
-             f"landed {landed}" if landed else "", f"error {data['error']}" if data.get("error") else ""]
+    limits = "; ".join(
+        f"{role}: pool {v.get('pool_tokens')}, context {v.get('context_length')}, max input {v.get('max_input_tokens')}"
+        for role, v in sorted((data.get("limits") or {}).items())
+        if isinstance(v, dict)
+    )
+    landed = "; ".join(
+        f"{label}: {min(v)}..{max(v)} tokens" for label, v in sorted((data.get("landed") or {}).items()) if v
+    )
+    parts = [
+        f"{kinds}: sent {sent}",
+        f"answers {answers}" if answers else "",
+        f"limits read {limits}" if limits else "",
+        f"landed {landed}" if landed else "",
+        f"error {data['error']}" if data.get("error") else "",
+    ]
     return " · ".join(p for p in parts if p)

@@ -27,13 +27,13 @@ reports/traffic.py.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from chaos.http_status import rejects_the_prompt
+from chaos.refusal import read_refusal
 from chaos.windows import AFTERSHOCK_S
 from loadprofiles.recorder import UNAVAILABLE_ENDINGS
 from reports.columns import OUTCOME_CODES, RequestColumns
@@ -61,36 +61,14 @@ class OutcomeClasses:
         return self.answered + self.as_intended + self.under_fault + self.unexplained
 
     def to_json(self) -> dict[str, object]:
-        return {"answered": self.answered, "as_intended": self.as_intended, "under_fault": self.under_fault,
-                "unexplained": self.unexplained, "unexplained_error_classes": dict(self.unexplained_error_classes),
-                "unavailable_attempts": self.unavailable_attempts}
-
-
-# Refusals that state the prompt's size and the limit it broke, as (pattern, group of the prompt's
-# size, group of the limit). SGLang's scheduler and tokenizer: "Input length (1021 tokens) exceeds
-# the maximum allowed length (1018 tokens)", "The input (2049 tokens) is longer than the model's
-# context length (2048 tokens)". vLLM's input processor and renderer: "The decoder prompt (length
-# 2100) is longer than the maximum model length of 2048", "maximum context length is 2048 tokens.
-# However, your prompt contains 2100 input tokens" (or "... 9000 characters (more than 8192
-# characters"), and its older "However, you requested 2100 tokens".
-_OVER_A_LIMIT = (
-    (re.compile(r"[Ii]nput(?: length)? \((\d+) tokens\) (?:exceeds|is longer than)[^()]*\((\d+) tokens\)"), 1, 2),
-    (re.compile(r"prompt \(length (\d+)\) is longer than the maximum model length of (\d+)"), 1, 2),
-    (re.compile(r"maximum context length is (\d+) tokens\. However, your prompt contains (?:at least )?(\d+) input tokens"), 2, 1),
-    (re.compile(r"your prompt contains (\d+) characters \(more than (\d+) characters"), 1, 2),
-    (re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) tokens"), 2, 1),
-)
-
-
-def states_the_prompt_over_a_limit(message: str | None) -> bool:
-    """Whether a refusal says the server measured the prompt at or over a limit it names."""
-    if not message:
-        return False
-    for pattern, size, limit in _OVER_A_LIMIT:
-        match = pattern.search(message)
-        if match and int(match.group(size)) >= int(match.group(limit)):
-            return True
-    return False
+        return {
+            "answered": self.answered,
+            "as_intended": self.as_intended,
+            "under_fault": self.under_fault,
+            "unexplained": self.unexplained,
+            "unexplained_error_classes": dict(self.unexplained_error_classes),
+            "unavailable_attempts": self.unavailable_attempts,
+        }
 
 
 def as_intended(user_kind: str, status: int, error_class: str | None, refusal: str | None = None) -> bool:
@@ -102,7 +80,7 @@ def as_intended(user_kind: str, status: int, error_class: str | None, refusal: s
         return rejects_the_prompt(status)  # a 404 or 401 never looked at the prompt
     if user_kind in ABORTING_KINDS:
         return error_class in ABORT_ENDINGS
-    return rejects_the_prompt(status) and states_the_prompt_over_a_limit(refusal)
+    return rejects_the_prompt(status) and read_refusal(refusal).over_limit
 
 
 def classify(cols: RequestColumns, spans: Sequence[Span], aftershock_s: float = AFTERSHOCK_S) -> OutcomeClasses:
@@ -126,10 +104,16 @@ def classify(cols: RequestColumns, spans: Sequence[Span], aftershock_s: float = 
     under = ~ok & ~intended & exposed
     rest = loaded & ~ok & ~intended & ~exposed
     counts: dict[str, int] = {}
-    for error, flagged in zip(cols.error_class, rest):
+    for error, flagged in zip(cols.error_class, rest, strict=True):
         if flagged:
             counts[error or "none"] = counts.get(error or "none", 0) + 1
     return OutcomeClasses(
-        answered=int((loaded & ok).sum()), as_intended=int((loaded & intended).sum()), under_fault=int((loaded & under).sum()),
-        unexplained=int(rest.sum()), unexplained_error_classes=tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
-        unavailable_attempts=sum(1 for error, load in zip(cols.error_class, loaded) if load and error in UNAVAILABLE_ENDINGS))
+        answered=int((loaded & ok).sum()),
+        as_intended=int((loaded & intended).sum()),
+        under_fault=int((loaded & under).sum()),
+        unexplained=int(rest.sum()),
+        unexplained_error_classes=tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
+        unavailable_attempts=sum(
+            1 for error, load in zip(cols.error_class, loaded, strict=True) if load and error in UNAVAILABLE_ENDINGS
+        ),
+    )

@@ -26,8 +26,11 @@ def x_range(report: RunReport) -> tuple[float, float]:
 
 
 def bands(report: RunReport) -> list[Band]:
-    return [Band(f.start - report.origin, None if f.end is None else f.end - report.origin, f.label, f.confirmed)
-            for f in report.faults if f.start is not None]
+    return [
+        Band(f.start - report.origin, None if f.end is None else f.end - report.origin, f.label, f.confirmed)
+        for f in report.faults
+        if f.start is not None
+    ]
 
 
 def marks(report: RunReport) -> list[Mark]:
@@ -45,32 +48,86 @@ def all_plots(report: RunReport) -> list[str]:
         return [None if v is None else v * 1000.0 for v in values]
 
     plots = [
-        plot("throughput", f"Throughput (requests per second, {width:g} s buckets, by send time)", [
-            Series("sent/s", BLUE, list(zip(xs, [b.sent_per_s for b in buckets])), area=True),
-            Series("ok/s", GREEN, list(zip(xs, [b.ok_per_s for b in buckets]))),
-        ], y_label="req/s"),
-        plot("errors", "Error rate (share of requests not ok)", [
-            Series("not ok (fail + info)", RED, list(zip(xs, [_pct(b.stats.error_rate) for b in buckets])), area=True),
-            Series("fail", ORANGE, list(zip(xs, [_pct(b.stats.counts.fail / b.stats.counts.total if b.stats.counts.total else None)
-                                                 for b in buckets])), dashed=True),
-        ], y_label="%", y_min_top=10.0),
-        plot("ttft", "Time to first token (ms)", [
-            Series("TTFT p50", BLUE, list(zip(xs, ms([b.stats.ttft.p50 for b in buckets])))),
-            Series("TTFT p99", PURPLE, list(zip(xs, ms([b.stats.ttft.p99 for b in buckets]))), dashed=True),
-        ], y_label="ms"),
-        plot("itl", "Inter-token latency (ms)", [
-            Series("ITL p50", BLUE, list(zip(xs, ms([b.stats.itl.p50 for b in buckets])))),
-            Series("ITL p99", PURPLE, list(zip(xs, ms([b.stats.itl.p99 for b in buckets]))), dashed=True),
-        ], y_label="ms"),
+        plot(
+            "throughput",
+            f"Throughput (requests per second, {width:g} s buckets, by send time)",
+            [
+                Series("sent/s", BLUE, list(zip(xs, [b.sent_per_s for b in buckets], strict=True)), area=True),
+                Series("ok/s", GREEN, list(zip(xs, [b.ok_per_s for b in buckets], strict=True))),
+            ],
+            y_label="req/s",
+        ),
+        plot(
+            "errors",
+            "Error rate (share of requests not ok)",
+            [
+                Series(
+                    "not ok (fail + info)",
+                    RED,
+                    list(zip(xs, [_pct(b.stats.error_rate) for b in buckets], strict=True)),
+                    area=True,
+                ),
+                Series(
+                    "fail",
+                    ORANGE,
+                    list(
+                        zip(
+                            xs,
+                            [
+                                _pct(b.stats.counts.fail / b.stats.counts.total if b.stats.counts.total else None)
+                                for b in buckets
+                            ],
+                            strict=True,
+                        )
+                    ),
+                    dashed=True,
+                ),
+            ],
+            y_label="%",
+            y_min_top=10.0,
+        ),
+        plot(
+            "ttft",
+            "Time to first token (ms)",
+            [
+                Series("TTFT p50", BLUE, list(zip(xs, ms([b.stats.ttft.p50 for b in buckets]), strict=True))),
+                Series(
+                    "TTFT p99", PURPLE, list(zip(xs, ms([b.stats.ttft.p99 for b in buckets]), strict=True)), dashed=True
+                ),
+            ],
+            y_label="ms",
+        ),
+        plot(
+            "itl",
+            "Inter-token latency (ms)",
+            [
+                Series("ITL p50", BLUE, list(zip(xs, ms([b.stats.itl.p50 for b in buckets]), strict=True))),
+                Series(
+                    "ITL p99", PURPLE, list(zip(xs, ms([b.stats.itl.p99 for b in buckets]), strict=True)), dashed=True
+                ),
+            ],
+            y_label="ms",
+        ),
     ]
     roles = sorted({p.role for p in report.pool}, key=lambda r: (r not in ROLE_COLORS, r))
     pool_series = [
-        Series(f"{role} KV pool used", ROLE_COLORS.get(role, ORANGE),
-               [(p.t - report.origin, _pct(p.used_fraction)) for p in report.pool if p.role == role], area=True)
+        Series(
+            f"{role} KV pool used",
+            ROLE_COLORS.get(role, ORANGE),
+            [(p.t - report.origin, _pct(p.used_fraction)) for p in report.pool if p.role == role],
+            area=True,
+        )
         for role in roles
     ]
-    plots.append(plot("kvpool", "KV pool usage (% of max_total_num_tokens, from /v1/loads)", pool_series,
-                      y_label="%", y_min_top=10.0))
+    plots.append(
+        plot(
+            "kvpool",
+            "KV pool usage (% of max_total_num_tokens, from /v1/loads)",
+            pool_series,
+            y_label="%",
+            y_min_top=10.0,
+        )
+    )
     return plots
 
 

@@ -29,7 +29,9 @@ _RENDERERS: dict[str, Callable[[RunReport], str]] = {
     "reproduce": render_reproduce,
 }
 # Format name -> file name and renderer.
-FORMATS: dict[str, tuple[str, Callable[[RunReport], str]]] = {name: (FILENAMES[name], _RENDERERS[name]) for name in FILENAMES}
+FORMATS: dict[str, tuple[str, Callable[[RunReport], str]]] = {
+    name: (FILENAMES[name], _RENDERERS[name]) for name in FILENAMES
+}
 
 
 class RenderError(Exception):
@@ -42,7 +44,9 @@ class Rendered:
     paths: dict[str, Path] = field(default_factory=dict)  # format -> file written
 
 
-def render_all(run_dir: str | Path, formats: Iterable[str] | None = None, *, out_dir: str | Path | None = None) -> Rendered:
+def render_all(
+    run_dir: str | Path, formats: Iterable[str] | None = None, *, out_dir: str | Path | None = None
+) -> Rendered:
     """Read RUN_DIR's journal once and write the reports into `out_dir` (default: RUN_DIR).
 
     `formats`: names from FORMATS; None means the campaign's `report.formats` (all of them when
@@ -61,7 +65,7 @@ def render_all(run_dir: str | Path, formats: Iterable[str] | None = None, *, out
         filename, renderer = FORMATS[name]
         try:
             paths[name] = write_atomic(target / filename, renderer(report))
-        except Exception as exc:  # noqa: BLE001 -- keep going: the other reports are still worth having
+        except Exception as exc:  # keep going: the other reports are still worth having
             errors.append(f"{filename}: {type(exc).__name__}: {exc}")
     if errors:
         raise RenderError("could not render " + "; ".join(errors))

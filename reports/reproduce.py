@@ -24,12 +24,18 @@ def render_reproduce(report: RunReport) -> str:
     ]
     engine = report.environment.get("engine")
     if isinstance(engine, dict):
-        header.append("# Engine: " + ", ".join(f"{role} {info.get('version')}" for role, info in engine.items() if isinstance(info, dict)))
+        header.append(
+            "# Engine: "
+            + ", ".join(f"{role} {info.get('version')}" for role, info in engine.items() if isinstance(info, dict))
+        )
     planned = report.meta.get("windows_planned")
     if isinstance(planned, list) and planned:
         header.append("# Fault schedule the seed resolved to:")
-        header += [f"#   {w.get('fault')} at {w.get('at_s')}s for {w.get('duration_s')}s {w.get('params') or ''}".rstrip()
-                   for w in planned if isinstance(w, dict)]
+        header += [
+            f"#   {w.get('fault')} at {w.get('at_s')}s for {w.get('duration_s')}s {w.get('params') or ''}".rstrip()
+            for w in planned
+            if isinstance(w, dict)
+        ]
     if not isinstance(campaign, dict):
         campaign = _given_campaign(report.meta.get("campaign_yaml"))
         if campaign is None:

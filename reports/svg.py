@@ -42,7 +42,7 @@ def nice_step(span: float, target_ticks: int = 5) -> float:
     if span <= 0 or not math.isfinite(span):
         return 1.0
     raw = span / target_ticks
-    power = 10 ** math.floor(math.log10(raw))
+    power: float = 10 ** math.floor(math.log10(raw))
     for factor in (1, 2, 5, 10):
         if raw <= factor * power:
             return factor * power
@@ -117,48 +117,59 @@ def line_plot(
     def sy(y: float) -> float:
         return top + ph - max(0.0, min(y, y1)) / y1 * ph
 
-    out = [f'<svg class="plot" data-plot="{escape(plot_id)}" xmlns="http://www.w3.org/2000/svg" '
-           f'viewBox="0 0 {width} {height}" width="100%" role="img" aria-label="{escape(title)}">',
-           f'<title>{escape(title)}</title>',
-           f'<defs><pattern id="hatch-{escape(plot_id)}" width="8" height="8" patternUnits="userSpaceOnUse" '
-           f'patternTransform="rotate(45)"><rect width="8" height="8" fill="#eaeef2"/>'
-           f'<line x1="0" y1="0" x2="0" y2="8" stroke="#8c959f" stroke-width="3"/></pattern></defs>',
-           f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#ffffff" stroke="#d0d7de"/>']
+    out = [
+        f'<svg class="plot" data-plot="{escape(plot_id)}" xmlns="http://www.w3.org/2000/svg" '
+        f'viewBox="0 0 {width} {height}" width="100%" role="img" aria-label="{escape(title)}">',
+        f"<title>{escape(title)}</title>",
+        f'<defs><pattern id="hatch-{escape(plot_id)}" width="8" height="8" patternUnits="userSpaceOnUse" '
+        f'patternTransform="rotate(45)"><rect width="8" height="8" fill="#eaeef2"/>'
+        f'<line x1="0" y1="0" x2="0" y2="8" stroke="#8c959f" stroke-width="3"/></pattern></defs>',
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#ffffff" stroke="#d0d7de"/>',
+    ]
     out += _bands(bands, x0, x1, sx, top, ph, plot_id)
     # Grid and y ticks.
     tick = 0.0
     while tick <= y1 + y_step / 2:
         y = sy(tick)
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#eaeef2"/>')
-        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{escape(y_format(tick))}</text>')
+        out.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{escape(y_format(tick))}</text>'
+        )
         tick += y_step
     x_step = _time_step(x1 - x0)
     tick = math.ceil(x0 / x_step) * x_step
     while tick <= x1 + 1e-9:
         x = sx(tick)
         out.append(f'<line x1="{x:.1f}" y1="{top + ph}" x2="{x:.1f}" y2="{top + ph + 4}" stroke="#57606a"/>')
-        out.append(f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle" class="tick">{escape(format_seconds(tick))}</text>')
+        out.append(
+            f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle" class="tick">{escape(format_seconds(tick))}</text>'
+        )
         tick += x_step
     for mark in marks:
         if x0 <= mark.x <= x1:
             x = sx(mark.x)
-            out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + ph}" stroke="#8c959f" stroke-dasharray="2 3">'
-                       f'<title>{escape(mark.label)} at {escape(format_seconds(mark.x))}</title></line>')
+            out.append(
+                f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + ph}" stroke="#8c959f" stroke-dasharray="2 3">'
+                f"<title>{escape(mark.label)} at {escape(format_seconds(mark.x))}</title></line>"
+            )
     for s in series:
         out += _series(s, sx, sy, top + ph)
     if not ys:
         out.append(f'<text x="{left + pw / 2}" y="{top + ph / 2}" text-anchor="middle" class="nodata">no data</text>')
     out.append(f'<text x="{left}" y="18" class="plot-title">{escape(title)}</text>')
     if y_label:
-        out.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" text-anchor="middle" '
-                   f'class="tick">{escape(y_label)}</text>')
+        out.append(
+            f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" text-anchor="middle" '
+            f'class="tick">{escape(y_label)}</text>'
+        )
     out += _legend(series, left + pw)
     out.append("</svg>")
     return "".join(out)
 
 
-def _bands(bands: Sequence[Band], x0: float, x1: float, sx: Callable[[float], float], top: float, ph: float,
-           plot_id: str) -> list[str]:
+def _bands(
+    bands: Sequence[Band], x0: float, x1: float, sx: Callable[[float], float], top: float, ph: float, plot_id: str
+) -> list[str]:
     out = []
     for band in bands:
         start, end = max(band.start, x0), min(x1 if band.end is None else band.end, x1)
@@ -168,9 +179,15 @@ def _bands(bands: Sequence[Band], x0: float, x1: float, sx: Callable[[float], fl
         fill = "#cf222e" if band.confirmed else f"url(#hatch-{escape(plot_id)})"
         opacity = "0.13" if band.confirmed else "0.55"
         state = "confirmed" if band.confirmed else ("NOT confirmed" if band.confirmed is False else "not confirmed")
-        tip = f"{band.label}: {format_seconds(band.start)} to " + (format_seconds(band.end) if band.end is not None else "never healed") + f", {state}"
-        out.append(f'<rect class="fault-band" x="{a:.1f}" y="{top}" width="{b - a:.1f}" height="{ph}" fill="{fill}" '
-                   f'fill-opacity="{opacity}"><title>{escape(tip)}</title></rect>')
+        tip = (
+            f"{band.label}: {format_seconds(band.start)} to "
+            + (format_seconds(band.end) if band.end is not None else "never healed")
+            + f", {state}"
+        )
+        out.append(
+            f'<rect class="fault-band" x="{a:.1f}" y="{top}" width="{b - a:.1f}" height="{ph}" fill="{fill}" '
+            f'fill-opacity="{opacity}"><title>{escape(tip)}</title></rect>'
+        )
         if b - a >= 6 * min(len(band.label), 12):  # narrow bands keep their label in the tooltip only
             out.append(f'<text x="{a + 3:.1f}" y="{top + 12}" class="band-label">{escape(band.label)}</text>')
     return out
@@ -195,10 +212,14 @@ def _series(s: Series, sx: Callable[[float], float], sy: Callable[[float], float
             continue
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in seg)
         if s.area:
-            out.append(f'<polygon points="{seg[0][0]:.1f},{base_y:.1f} {path} {seg[-1][0]:.1f},{base_y:.1f}" '
-                       f'fill="{s.color}" fill-opacity="0.18" stroke="none"/>')
-        out.append(f'<polyline points="{path}" fill="none" stroke="{s.color}" stroke-width="2"{dash} '
-                   f'stroke-linejoin="round"><title>{escape(s.name)}</title></polyline>')
+            out.append(
+                f'<polygon points="{seg[0][0]:.1f},{base_y:.1f} {path} {seg[-1][0]:.1f},{base_y:.1f}" '
+                f'fill="{s.color}" fill-opacity="0.18" stroke="none"/>'
+            )
+        out.append(
+            f'<polyline points="{path}" fill="none" stroke="{s.color}" stroke-width="2"{dash} '
+            f'stroke-linejoin="round"><title>{escape(s.name)}</title></polyline>'
+        )
     return out
 
 

@@ -119,7 +119,9 @@ def compute_traffic(cols: RequestColumns, origin: float, spans: Sequence[Span]) 
     baseline = np.fromiter((p == BASELINE_PHASE for p in cols.phase), dtype=bool, count=n)
 
     def stats(mask: np.ndarray) -> LatencyStats:
-        return LatencyStats(_counts(cols.outcome[mask]), _dist(ttft[mask]), _dist(gaps[mask[gap_rows]]), _dist(e2e[mask]))
+        return LatencyStats(
+            _counts(cols.outcome[mask]), _dist(ttft[mask]), _dist(gaps[mask[gap_rows]]), _dist(e2e[mask])
+        )
 
     loaded = ~baseline
     traffic.overall = stats(loaded)
@@ -132,7 +134,9 @@ def compute_traffic(cols: RequestColumns, origin: float, spans: Sequence[Span]) 
         under |= inside
     traffic.under_faults = stats(under & loaded)
     traffic.outside_faults = stats(~under & sent & loaded)
-    traffic.error_classes_under_faults = _ranked(Counter(e for e, m in zip(cols.error_class, under & loaded) if m and e))
+    traffic.error_classes_under_faults = _ranked(
+        Counter(e for e, m in zip(cols.error_class, under & loaded, strict=True) if m and e)
+    )
 
     if sent.any():
         last = max(float(np.nanmax(cols.t_send)), traffic.last_end or -math.inf)
@@ -149,8 +153,16 @@ def choose_bucket_s(span_s: float) -> float:
     return math.ceil(span_s / MAX_BUCKETS / 3600.0) * 3600.0
 
 
-def _buckets(cols: RequestColumns, sent: np.ndarray, origin: float, width: float, ttft: np.ndarray, e2e: np.ndarray,
-             gap_rows: np.ndarray, gaps: np.ndarray) -> list[Bucket]:
+def _buckets(
+    cols: RequestColumns,
+    sent: np.ndarray,
+    origin: float,
+    width: float,
+    ttft: np.ndarray,
+    e2e: np.ndarray,
+    gap_rows: np.ndarray,
+    gaps: np.ndarray,
+) -> list[Bucket]:
     index = np.full(len(cols), -1, dtype=np.int64)
     index[sent] = np.floor((cols.t_send[sent] - origin) / width).astype(np.int64)
     first = int(index[sent].min())
@@ -161,8 +173,16 @@ def _buckets(cols: RequestColumns, sent: np.ndarray, origin: float, width: float
     fail = np.bincount(group[sent & (cols.outcome == _FAIL)], minlength=k)
     ttfts, e2es, itls = _grouped(ttft, group, k), _grouped(e2e, group, k), _grouped(gaps, group[gap_rows], k)
     return [
-        Bucket((first + i) * width, width, LatencyStats(
-            OutcomeCounts(int(total[i]), int(ok[i]), int(fail[i]), int(total[i] - ok[i] - fail[i])), ttfts[i], itls[i], e2es[i]))
+        Bucket(
+            (first + i) * width,
+            width,
+            LatencyStats(
+                OutcomeCounts(int(total[i]), int(ok[i]), int(fail[i]), int(total[i] - ok[i] - fail[i])),
+                ttfts[i],
+                itls[i],
+                e2es[i],
+            ),
+        )
         for i in range(k)
     ]
 
@@ -184,7 +204,7 @@ def _counts(outcome: np.ndarray) -> OutcomeCounts:
 
 def _counts_by(keys: Sequence[str | None], outcome: np.ndarray, missing: str) -> dict[str, OutcomeCounts]:
     tally: dict[str, list[int]] = {}
-    for key, code in zip(keys, outcome.tolist()):
+    for key, code in zip(keys, outcome.tolist(), strict=True):
         row = tally.setdefault(key or missing, [0, 0, 0])
         row[code] += 1
     return {k: OutcomeCounts(sum(v), v[0], v[1], v[2]) for k, v in sorted(tally.items())}
@@ -208,7 +228,7 @@ def _grouped(values: np.ndarray, groups: np.ndarray, k: int) -> list[Distributio
     v, g = v[order], g[order]
     del order
     bounds = np.searchsorted(g, np.arange(k + 1))
-    return [_of_sorted(v[bounds[i]:bounds[i + 1]]) if bounds[i + 1] > bounds[i] else Distribution() for i in range(k)]
+    return [_of_sorted(v[bounds[i] : bounds[i + 1]]) if bounds[i + 1] > bounds[i] else Distribution() for i in range(k)]
 
 
 def _of_sorted(v: np.ndarray) -> Distribution:

@@ -50,10 +50,21 @@ class Bystander:
         # argv[0] is the title; `--port` and the sim worker's module name make the command line
         # look like the processes faults act on. (With argv[0] not a path, Python does not find
         # the venv: the bystander needs the standard library only.)
-        argv = [title, "-m", "tests.bystander", str(signal_log), str(port_file),
-                "--host", "127.0.0.1", "--port", "30000", "chaos.targets.sim.worker"]
-        proc = subprocess.Popen(argv, executable=sys.executable, start_new_session=True,
-                                cwd=Path(__file__).resolve().parent.parent)
+        argv = [
+            title,
+            "-m",
+            "tests.bystander",
+            str(signal_log),
+            str(port_file),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "30000",
+            "chaos.targets.sim.worker",
+        ]
+        proc = subprocess.Popen(
+            argv, executable=sys.executable, start_new_session=True, cwd=Path(__file__).resolve().parent.parent
+        )
         deadline = time.monotonic() + 15
         while not port_file.exists() or not port_file.read_text():
             if time.monotonic() > deadline or proc.poll() is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.server
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +26,14 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_ENDPOINT", "http://127.0.0.1:9")
 
 T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`pdchaos ARGS` from the repository root, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "chaos.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 def wait_until(probe: Callable[[], T], timeout_s: float = 15.0, interval_s: float = 0.1, what: str = "condition") -> T:
@@ -126,7 +136,7 @@ class Traffic:
 
 
 class _AlwaysOk(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+    def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()

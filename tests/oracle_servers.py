@@ -27,8 +27,28 @@ from aiohttp import web
 
 from chaos.journal import EventKind, Journal, JournalEvent, Outcome, RequestRecord
 
-VOCAB = ("amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
-         "kelp", "lumen", "maple", "nectar", "onyx", "pebble", "quartz", "raven", "sable", "tundra")
+VOCAB = (
+    "amber",
+    "birch",
+    "cobalt",
+    "delta",
+    "ember",
+    "fjord",
+    "garnet",
+    "harbor",
+    "indigo",
+    "juniper",
+    "kelp",
+    "lumen",
+    "maple",
+    "nectar",
+    "onyx",
+    "pebble",
+    "quartz",
+    "raven",
+    "sable",
+    "tundra",
+)
 
 
 @dataclass(frozen=True)
@@ -119,7 +139,7 @@ class ToyServer:
         best = 0
         for seen in self.cache:
             n = 0
-            for a, b in zip(seen, words):
+            for a, b in zip(seen, words, strict=False):
                 if a != b:
                     break
                 n += 1
@@ -151,14 +171,22 @@ class ToyServer:
 
     async def loads(self, _: web.Request) -> web.Response:
         page = self.config.page_size
-        return web.json_response({
-            "num_running_reqs": len(self.running), "num_waiting_reqs": 0,
-            "num_used_tokens": self.used_pages * page, "num_total_tokens": self.config.pool_tokens,
-            "max_total_num_tokens": self.config.pool_tokens,
-            "token_usage": round(self.used_pages * page / self.config.pool_tokens, 4),
-            "disaggregation": {"decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": self.leaked_queue,
-                               "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0},
-        })
+        return web.json_response(
+            {
+                "num_running_reqs": len(self.running),
+                "num_waiting_reqs": 0,
+                "num_used_tokens": self.used_pages * page,
+                "num_total_tokens": self.config.pool_tokens,
+                "max_total_num_tokens": self.config.pool_tokens,
+                "token_usage": round(self.used_pages * page / self.config.pool_tokens, 4),
+                "disaggregation": {
+                    "decode_prealloc_queue_reqs": 0,
+                    "decode_transfer_queue_reqs": self.leaked_queue,
+                    "kv_transfer_speed_gb_s": 0.0,
+                    "kv_transfer_latency_ms": 0.0,
+                },
+            }
+        )
 
     async def metrics(self, _: web.Request) -> web.Response:
         labels = 'model_name="toy",engine_type="decode",tp_rank="0",pp_rank="0"'
@@ -225,7 +253,9 @@ class ToyServer:
                 await response.write(b"data: [DONE]\n\n")
                 await response.write_eof()
                 return response
-            return web.json_response({"text": " ".join(output), "output_ids": list(range(len(output))), "meta_info": meta})
+            return web.json_response(
+                {"text": " ".join(output), "output_ids": list(range(len(output))), "meta_info": meta}
+            )
         finally:
             self.running.pop(rid, None)
             if leaked:
@@ -246,12 +276,19 @@ class ToyServer:
         await asyncio.sleep(self.config.decode_step_s)
         owner, read = self.scratch[slot]
         if owner != req.room and self.defects.detect_corruption:
-            self.log(f"Context corruption detected: Request rid={req.rid} (bootstrap_room={req.room}) received metadata "
-                     f"from bootstrap_room={owner}. This indicates a metadata buffer index collision.")
+            self.log(
+                f"Context corruption detected: Request rid={req.rid} (bootstrap_room={req.room}) received metadata "
+                f"from bootstrap_room={owner}. This indicates a metadata buffer index collision."
+            )
         return read
 
     def _meta(self, output: list[str], prompt: int, cached: int, finish: dict[str, Any] | None) -> dict[str, Any]:
-        return {"finish_reason": finish, "prompt_tokens": prompt, "completion_tokens": len(output), "cached_tokens": cached}
+        return {
+            "finish_reason": finish,
+            "prompt_tokens": prompt,
+            "completion_tokens": len(output),
+            "cached_tokens": cached,
+        }
 
     def _sse(self, output: list[str], prompt: int, cached: int, finish: dict[str, Any] | None) -> bytes:
         payload = {"text": " ".join(output), "meta_info": self._meta(output, prompt, cached, finish)}
@@ -289,6 +326,7 @@ def serve(defects: Defects | None = None, config: ToyConfig | None = None) -> It
     try:
         yield server
     finally:
+
         async def stop() -> None:
             assert server.stopping is not None and runner is not None
             server.stopping.set()
@@ -321,19 +359,34 @@ class Shot:
             self.rid = f"{self.phase}-{self.index}-{uuid.uuid4().hex[:8]}"
 
 
-async def _send(client: httpx.AsyncClient, base_url: str, shot: Shot, timeout_s: float,
-                abort_urls: Sequence[str]) -> RequestRecord:
-    body = {"text": shot.text, "rid": shot.rid, "stream": shot.stream,
-            "sampling_params": {"max_new_tokens": shot.max_tokens, "temperature": 0}}
-    record = RequestRecord(id=shot.rid, request_index=shot.index, phase=shot.phase, user_kind=shot.user_kind,
-                           actor="oracle-test", endpoint="/generate", stream=shot.stream, prompt=shot.text,
-                           max_tokens=shot.max_tokens)
+async def _send(
+    client: httpx.AsyncClient, base_url: str, shot: Shot, timeout_s: float, abort_urls: Sequence[str]
+) -> RequestRecord:
+    body = {
+        "text": shot.text,
+        "rid": shot.rid,
+        "stream": shot.stream,
+        "sampling_params": {"max_new_tokens": shot.max_tokens, "temperature": 0},
+    }
+    record = RequestRecord(
+        id=shot.rid,
+        request_index=shot.index,
+        phase=shot.phase,
+        user_kind=shot.user_kind,
+        actor="oracle-test",
+        endpoint="/generate",
+        stream=shot.stream,
+        prompt=shot.text,
+        max_tokens=shot.max_tokens,
+    )
     aborter: asyncio.Task[None] | None = None
     if shot.abort_after_s is not None:
+
         async def abort_later() -> None:
             await asyncio.sleep(shot.abort_after_s or 0.0)
             for url in abort_urls or (base_url,):
                 await client.post(f"{url}/abort_request", json={"rid": shot.rid})
+
         aborter = asyncio.create_task(abort_later())
 
     async def exchange() -> dict[str, Any]:
@@ -406,16 +459,24 @@ def _judge(record: RequestRecord, meta: dict[str, Any]) -> None:
         record.outcome = Outcome.OK
 
 
-async def _drive(base_url: str, shots: Sequence[Shot], concurrent: bool, timeout_s: float,
-                 abort_urls: Sequence[str]) -> list[RequestRecord]:
+async def _drive(
+    base_url: str, shots: Sequence[Shot], concurrent: bool, timeout_s: float, abort_urls: Sequence[str]
+) -> list[RequestRecord]:
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s + 5)) as client:
         if concurrent:
             return list(await asyncio.gather(*(_send(client, base_url, s, timeout_s, abort_urls) for s in shots)))
         return [await _send(client, base_url, s, timeout_s, abort_urls) for s in shots]
 
 
-def drive(journal: Journal, base_url: str, shots: Sequence[Shot], *, concurrent: bool = False,
-          timeout_s: float = 30.0, abort_urls: Sequence[str] = ()) -> list[RequestRecord]:
+def drive(
+    journal: Journal,
+    base_url: str,
+    shots: Sequence[Shot],
+    *,
+    concurrent: bool = False,
+    timeout_s: float = 30.0,
+    abort_urls: Sequence[str] = (),
+) -> list[RequestRecord]:
     """Send the shots (one at a time, or all at once) and journal one record per request."""
     records = asyncio.run(_drive(base_url, shots, concurrent, timeout_s, abort_urls))
     journal.append_requests(records)
@@ -426,19 +487,27 @@ def drive(journal: Journal, base_url: str, shots: Sequence[Shot], *, concurrent:
 def snapshot_loads(journal: Journal, role: str, phase: str, url: str) -> dict[str, Any]:
     """Journal `/v1/loads` of a worker as the runner does (`probe/loads`)."""
     data = httpx.get(f"{url}/v1/loads", timeout=10).json()
-    journal.append_event(JournalEvent(kind=EventKind.PROBE, name="loads", data={"role": role, "phase": phase, "data": data}))
+    journal.append_event(
+        JournalEvent(kind=EventKind.PROBE, name="loads", data={"role": role, "phase": phase, "data": data})
+    )
     return data
 
 
 def snapshot_metrics(journal: Journal, role: str, phase: str, url: str) -> str:
     """Journal `/metrics` of a worker as the runner does (`probe/metrics`)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    journal.append_event(JournalEvent(kind=EventKind.PROBE, name="metrics", data={"role": role, "phase": phase, "text": text}))
+    journal.append_event(
+        JournalEvent(kind=EventKind.PROBE, name="metrics", data={"role": role, "phase": phase, "text": text})
+    )
     return text
 
 
 def fault_event(journal: Journal, name: str, window: str, step: str, t: float | None = None, **data: Any) -> None:
     """Journal one step of a fault window (`fault/<name>`), as the fault runner does."""
-    event = JournalEvent(kind=EventKind.FAULT, name=name, data={"window": window, "step": step, **data},
-                         t=time.time() if t is None else t)
+    event = JournalEvent(
+        kind=EventKind.FAULT,
+        name=name,
+        data={"window": window, "step": step, **data},
+        t=time.time() if t is None else t,
+    )
     journal.append_event(event)

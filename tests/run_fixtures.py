@@ -25,8 +25,8 @@ import yaml
 from chaos.campaign import Campaign
 from chaos.fingerprint import fingerprint
 from chaos.journal import EventKind, Journal, JournalEvent, Outcome, RequestRecord
+from chaos.markers import MarkerCodec
 from chaos.oracles.base import OracleContext
-from chaos.oracles.canary import MarkerCodec
 from chaos.oracles.leaks import CanaryLeakOracle
 from chaos.verdict import Finding, OracleResult, Verdict, combine
 
@@ -76,7 +76,12 @@ def write_pass_run(run_dir: Path, **overrides: Any) -> Path:
 
 
 def write_fail_run(run_dir: Path, **overrides: Any) -> Path:
-    base = {"leak": True, "engine_version": "0.5.3", "slowdown_under_faults": 2.5, "extra_error_class": "truncated_stream"}
+    base = {
+        "leak": True,
+        "engine_version": "0.5.3",
+        "slowdown_under_faults": 2.5,
+        "extra_error_class": "truncated_stream",
+    }
     return write_run(run_dir, Scenario(**{**base, **overrides}))
 
 
@@ -98,9 +103,21 @@ def write_empty_run(run_dir: Path, **overrides: Any) -> Path:
 
 def write_large_run(run_dir: Path, requests: int = 50_000, **overrides: Any) -> Path:
     load_s = 600.0
-    windows = tuple(WindowPlan("transfer_stall", f"w{i + 1}", 60.0 + 150.0 * i, 20.0, {"role": "prefill"}) for i in range(4))
-    scenario = Scenario(**{"load_s": load_s, "rate_per_s": requests / load_s, "max_tokens": 16, "probes": 12,
-                           "windows": windows, "leak": True, "light": True, **overrides})
+    windows = tuple(
+        WindowPlan("transfer_stall", f"w{i + 1}", 60.0 + 150.0 * i, 20.0, {"role": "prefill"}) for i in range(4)
+    )
+    scenario = Scenario(
+        **{
+            "load_s": load_s,
+            "rate_per_s": requests / load_s,
+            "max_tokens": 16,
+            "probes": 12,
+            "windows": windows,
+            "leak": True,
+            "light": True,
+            **overrides,
+        }
+    )
     return write_run(run_dir, scenario)
 
 
@@ -108,14 +125,22 @@ def write_large_run(run_dir: Path, requests: int = 50_000, **overrides: Any) -> 
 
 
 def campaign_of(s: Scenario) -> Campaign:
-    return Campaign.model_validate({
-        "name": s.name, "seed": s.seed, "description": "fixture campaign",
-        "load": {"profile": "mixed", "users": 8, "duration": f"{s.load_s:g}s", "max_tokens": s.max_tokens},
-        "probes": {"count": s.probes, "interval": "2s"},
-        "oracles": {"enabled": list(ORACLES)},  # pinned: the matrix columns must not follow the defaults
-        "faults": {"windows": [{"fault": w.fault, "at": f"{w.at_s:g}s", "duration": f"{w.duration_s:g}s", "params": w.params}
-                               for w in s.windows]},
-    })
+    return Campaign.model_validate(
+        {
+            "name": s.name,
+            "seed": s.seed,
+            "description": "fixture campaign",
+            "load": {"profile": "mixed", "users": 8, "duration": f"{s.load_s:g}s", "max_tokens": s.max_tokens},
+            "probes": {"count": s.probes, "interval": "2s"},
+            "oracles": {"enabled": list(ORACLES)},  # pinned: the matrix columns must not follow the defaults
+            "faults": {
+                "windows": [
+                    {"fault": w.fault, "at": f"{w.at_s:g}s", "duration": f"{w.duration_s:g}s", "params": w.params}
+                    for w in s.windows
+                ]
+            },
+        }
+    )
 
 
 class _Writer:
@@ -147,7 +172,9 @@ class _Writer:
         if self.s.light:
             words, markers, prompt = "alpha bravo cargo delta", [], ""
         else:
-            words = " ".join(self.rng.choice(("alpha", "bravo", "cargo", "delta", "ember", "fjord", "gamma")) for _ in range(8))
+            words = " ".join(
+                self.rng.choice(("alpha", "bravo", "cargo", "delta", "ember", "fjord", "gamma")) for _ in range(8)
+            )
             markers = [self.codec.marker(i, 0), self.codec.marker(i, 1)]
             prompt = f"{markers[0]} Repeat this note exactly: {note or words} {markers[1]}"
         window = self.window_at(t_send) if phase == "load" else None
@@ -168,15 +195,36 @@ class _Writer:
         token_times = [first + k * itl for k in range(tokens)]
         t_end = (token_times[-1] if token_times else first) + 0.002
         return RequestRecord(
-            id=f"req-{i:06d}", request_index=i, phase=phase, user_kind=user_kind, actor="actor0/user3",
-            endpoint="/v1/chat/completions", stream=True, markers=markers, prompt=prompt, prompt_chars=len(prompt) or 2400,
+            id=f"req-{i:06d}",
+            request_index=i,
+            phase=phase,
+            user_kind=user_kind,
+            actor="actor0/user3",
+            endpoint="/v1/chat/completions",
+            stream=True,
+            markers=markers,
+            prompt=prompt,
+            prompt_chars=len(prompt) or 2400,
             max_tokens=self.s.max_tokens,
-            planned_send=t_send - 0.001, t_send=t_send, t_first_byte=first - 0.001 if tokens else None,
-            t_first_token=first if tokens else None, t_end=t_end, token_times=token_times, status=status,
-            finish_reason=finish, prompt_tokens=(len(prompt) or 2400) // 4, completion_tokens=tokens, cached_tokens=0,
-            response_text=("Sure. " + (note or words))[: tokens * 5] if tokens else "", body_bytes=400 + tokens * 40,
-            outcome=outcome, error_class=error_class,
-            error_detail={"http_500": "HTTP 500: KVTransferError: waiting timeout", "disconnect": "connection reset before the first byte"}.get(error_class or ""),
+            planned_send=t_send - 0.001,
+            t_send=t_send,
+            t_first_byte=first - 0.001 if tokens else None,
+            t_first_token=first if tokens else None,
+            t_end=t_end,
+            token_times=token_times,
+            status=status,
+            finish_reason=finish,
+            prompt_tokens=(len(prompt) or 2400) // 4,
+            completion_tokens=tokens,
+            cached_tokens=0,
+            response_text=("Sure. " + (note or words))[: tokens * 5] if tokens else "",
+            body_bytes=400 + tokens * 40,
+            outcome=outcome,
+            error_class=error_class,
+            error_detail={
+                "http_500": "HTTP 500: KVTransferError: waiting timeout",
+                "disconnect": "connection reset before the first byte",
+            }.get(error_class or ""),
         )
 
 
@@ -188,7 +236,9 @@ def write_run(run_dir: Path, s: Scenario) -> Path:
         w.event(EventKind.PHASE, "baseline:start", T0 + 1.0)
         for role in ("prefill", "decode"):
             w.event(EventKind.PROBE, "loads", T0 + 0.5, role=role, phase="idle_before", data=_loads(0, 0))
-        records = [w.request(T0 + 1.2 + 0.5 * k, "baseline", "probe") for k in range(s.probes)] if s.with_requests else []
+        records = (
+            [w.request(T0 + 1.2 + 0.5 * k, "baseline", "probe") for k in range(s.probes)] if s.with_requests else []
+        )
         w.event(EventKind.PHASE, "baseline:end", T0 + 5.0)
         w.event(EventKind.PHASE, "load:start", w.load_start)
         if s.with_requests:
@@ -201,8 +251,14 @@ def write_run(run_dir: Path, s: Scenario) -> Path:
         w.event(EventKind.PHASE, "drain:start", end + 0.1)
         for role in ("prefill", "decode"):
             w.event(EventKind.PROBE, "loads", end + 2.0, role=role, phase="after_drain", data=_loads(0, 0))
-            w.event(EventKind.PROBE, "metrics", end + 2.0, role=role, phase="after",
-                    text=f'sglang:num_transfer_failed_reqs_total{{engine_type="{role}"}} 3\n')
+            w.event(
+                EventKind.PROBE,
+                "metrics",
+                end + 2.0,
+                role=role,
+                phase="after",
+                text=f'sglang:num_transfer_failed_reqs_total{{engine_type="{role}"}} 3\n',
+            )
         w.event(EventKind.PHASE, "drain:end", end + 2.5)
         if w.crash_t is not None:
             return run_dir  # the process died: no oracles, no verdict, no ended_at
@@ -213,21 +269,49 @@ def write_run(run_dir: Path, s: Scenario) -> Path:
 
 def _write_meta(journal: Journal, s: Scenario, campaign: Campaign, w: _Writer) -> None:
     data = campaign.model_dump(mode="json")
-    info = {"version": s.engine_version, "disaggregation_mode": None, "disaggregation_transfer_backend": "mooncake",
-            "page_size": 16, "context_length": 4096, "max_total_num_tokens": POOL_TOKENS, "mem_fraction_static": 0.88}
+    info = {
+        "version": s.engine_version,
+        "disaggregation_mode": None,
+        "disaggregation_transfer_backend": "mooncake",
+        "page_size": 16,
+        "context_length": 4096,
+        "max_total_num_tokens": POOL_TOKENS,
+        "mem_fraction_static": 0.88,
+    }
     journal.set_meta("campaign", data)
-    journal.set_meta("campaign_yaml", f"# {s.name}\n" + yaml.safe_dump({"name": s.name, "seed": s.seed, "faults": data["faults"]}, sort_keys=False))
+    journal.set_meta(
+        "campaign_yaml",
+        f"# {s.name}\n" + yaml.safe_dump({"name": s.name, "seed": s.seed, "faults": data["faults"]}, sort_keys=False),
+    )
     journal.set_meta("seed", s.seed)
     journal.set_meta("run_prefix", RUN_PREFIX)
-    journal.set_meta("target", {"kind": "sim", "router_url": "http://127.0.0.1:30000",
-                                "workers": [{"role": "prefill", "url": "http://127.0.0.1:30001"},
-                                            {"role": "decode", "url": "http://127.0.0.1:30002"}]})
-    journal.set_meta("environment", fingerprint(s.seed, {
-        "prefill": {**info, "disaggregation_mode": "prefill"}, "decode": {**info, "disaggregation_mode": "decode"}}))
+    journal.set_meta(
+        "target",
+        {
+            "kind": "sim",
+            "router_url": "http://127.0.0.1:30000",
+            "workers": [
+                {"role": "prefill", "url": "http://127.0.0.1:30001"},
+                {"role": "decode", "url": "http://127.0.0.1:30002"},
+            ],
+        },
+    )
+    journal.set_meta(
+        "environment",
+        fingerprint(
+            s.seed,
+            {
+                "prefill": {**info, "disaggregation_mode": "prefill"},
+                "decode": {**info, "disaggregation_mode": "decode"},
+            },
+        ),
+    )
     journal.set_meta("started_at", T0)
     journal.set_meta("load_started_at", w.load_start)
-    journal.set_meta("windows_planned", [{"fault": x.fault, "at_s": x.at_s, "duration_s": x.duration_s, "params": x.params}
-                                         for x in s.windows])
+    journal.set_meta(
+        "windows_planned",
+        [{"fault": x.fault, "at_s": x.at_s, "duration_s": x.duration_s, "params": x.params} for x in s.windows],
+    )
 
 
 def _load_records(w: _Writer) -> list[RequestRecord]:
@@ -240,14 +324,21 @@ def _load_records(w: _Writer) -> list[RequestRecord]:
     if s.leak and s.windows:
         first = s.windows[0]
         t = w.load_start + first.at_s + first.duration_s / 2
-        victim = min((r for r in records if r.t_send and r.t_send >= t and r.outcome is Outcome.OK), key=lambda r: r.t_send or 0.0)
-        offender = next(r for r in records if r.t_send and r.t_send > (victim.t_send or 0.0) + 0.3 and r.outcome is Outcome.OK)
+        victim = min(
+            (r for r in records if r.t_send and r.t_send >= t and r.outcome is Outcome.OK),
+            key=lambda r: r.t_send or 0.0,
+        )
+        offender = next(
+            r for r in records if r.t_send and r.t_send > (victim.t_send or 0.0) + 0.3 and r.outcome is Outcome.OK
+        )
         if not victim.markers:
             victim.markers = [w.codec.marker(victim.request_index, 0), w.codec.marker(victim.request_index, 1)]
         victim.prompt = f"{victim.markers[0]} Patient record 4471: {HOSTILE} diagnosis pending {victim.markers[1]}"
         # The offender's 200 carries the victim's head marker and prompt text: a fluent leak.
-        offender.response_text = (f"Sure. Here is the note: {victim.markers[0]} Patient record 4471: {HOSTILE} "
-                                  "diagnosis pending, as requested.")
+        offender.response_text = (
+            f"Sure. Here is the note: {victim.markers[0]} Patient record 4471: {HOSTILE} "
+            "diagnosis pending, as requested."
+        )
     return records
 
 
@@ -256,25 +347,56 @@ def _write_faults(w: _Writer) -> None:
         start = w.load_start + plan.at_s
         end = start + plan.duration_s
         role = plan.params.get("role", "prefill")
-        undo = [{"kind": "sigcont" if plan.fault == "transfer_stall" else "revive_role", "role": role, "pgid": 4242,
-                 "pid": None, "url": None, "settings": {}}]
-        w.event(EventKind.FAULT, plan.fault, start - 0.05, window=plan.window_id, step="plan", params=plan.params, undo=undo)
+        undo = [
+            {
+                "kind": "sigcont" if plan.fault == "transfer_stall" else "revive_role",
+                "role": role,
+                "pgid": 4242,
+                "pid": None,
+                "url": None,
+                "settings": {},
+            }
+        ]
+        w.event(
+            EventKind.FAULT, plan.fault, start - 0.05, window=plan.window_id, step="plan", params=plan.params, undo=undo
+        )
         w.event(EventKind.FAULT, plan.fault, start, window=plan.window_id, step="inject", params=plan.params)
-        evidence = ("stopped=True, transfer timeouts in decode log=3, decode failed-transfer counters +3" if plan.confirmed
-                    else f"{role} restarted but no request failed and no log line changed: the kill did not take")
-        w.event(EventKind.FAULT, plan.fault, start + plan.duration_s * 0.6, window=plan.window_id, step="confirm",
-                confirmed=plan.confirmed, evidence=evidence)
+        evidence = (
+            "stopped=True, transfer timeouts in decode log=3, decode failed-transfer counters +3"
+            if plan.confirmed
+            else f"{role} restarted but no request failed and no log line changed: the kill did not take"
+        )
+        w.event(
+            EventKind.FAULT,
+            plan.fault,
+            start + plan.duration_s * 0.6,
+            window=plan.window_id,
+            step="confirm",
+            confirmed=plan.confirmed,
+            evidence=evidence,
+        )
         w.event(EventKind.FAULT, plan.fault, end, window=plan.window_id, step="heal", ok=True, error=None)
         w.event(EventKind.FAULT, plan.fault, end + 0.2, window=plan.window_id, step="audit", clean=True, leftovers=[])
 
 
 def _loads(used: float, running: int) -> dict[str, Any]:
-    return {"num_running_reqs": running, "num_waiting_reqs": 0, "num_used_tokens": int(used), "num_total_tokens": POOL_TOKENS,
-            "max_total_num_tokens": POOL_TOKENS, "token_usage": round(used / POOL_TOKENS, 4),
-            "disaggregation": {"prefill_bootstrap_queue_reqs": 0, "prefill_inflight_queue_reqs": 0,
-                               "decode_prealloc_queue_reqs": 0, "decode_transfer_queue_reqs": 0,
-                               "kv_transfer_speed_gb_s": 1.2, "kv_transfer_latency_ms": 3.5},
-            "quarantined_tokens": 0}
+    return {
+        "num_running_reqs": running,
+        "num_waiting_reqs": 0,
+        "num_used_tokens": int(used),
+        "num_total_tokens": POOL_TOKENS,
+        "max_total_num_tokens": POOL_TOKENS,
+        "token_usage": round(used / POOL_TOKENS, 4),
+        "disaggregation": {
+            "prefill_bootstrap_queue_reqs": 0,
+            "prefill_inflight_queue_reqs": 0,
+            "decode_prealloc_queue_reqs": 0,
+            "decode_transfer_queue_reqs": 0,
+            "kv_transfer_speed_gb_s": 1.2,
+            "kv_transfer_latency_ms": 3.5,
+        },
+        "quarantined_tokens": 0,
+    }
 
 
 def _write_pool(w: _Writer) -> None:
@@ -294,22 +416,49 @@ def _write_verdict(w: _Writer, t: float, records: list[RequestRecord]) -> None:
     w.event(EventKind.PHASE, "oracles:start", t)
     labels = {x.window_id: f"{x.fault}#{x.window_id}" for x in s.windows}
     n = len(records)
-    results = [_bulk_canary(w, records, labels) if s.light else CanaryLeakOracle().evaluate(OracleContext(journal=j, run_prefix=RUN_PREFIX))]
+    results = [
+        _bulk_canary(w, records, labels)
+        if s.light
+        else CanaryLeakOracle().evaluate(OracleContext(journal=j, run_prefix=RUN_PREFIX))
+    ]
     for name in ORACLES[1:]:
         findings: list[Finding] = []
         if name == "timing" and results[0].findings:
             leak = results[0].findings[0]
-            findings.append(Finding(name, Verdict.FAIL, f"{leak.request_id}: first token 4 ms after send, below the "
-                                    "calibrated 41 ms prefill of its prompt: it skipped its own prefill",
-                                    request_id=leak.request_id, window=leak.window, evidence={"ttft_s": 0.004, "expected_s": 0.041}))
+            findings.append(
+                Finding(
+                    name,
+                    Verdict.FAIL,
+                    f"{leak.request_id}: first token 4 ms after send, below the "
+                    "calibrated 41 ms prefill of its prompt: it skipped its own prefill",
+                    request_id=leak.request_id,
+                    window=leak.window,
+                    evidence={"ttft_s": 0.004, "expected_s": 0.041},
+                )
+            )
         if name == "liveness" and any(not x.confirmed for x in s.windows):
-            findings.append(Finding(name, Verdict.INCONCLUSIVE, "req-000031: the client gave up after 30.0 s, before the 120 s deadline",
-                                    request_id="req-000031"))
+            findings.append(
+                Finding(
+                    name,
+                    Verdict.INCONCLUSIVE,
+                    "req-000031: the client gave up after 30.0 s, before the 120 s deadline",
+                    request_id="req-000031",
+                )
+            )
         results.append(OracleResult.from_findings(name, max(1, n), findings, notes=[f"fixture {name} oracle"]))
     for result in results:
         w.event("verdict", "oracle", t + 0.5, **dataclasses.asdict(result))
-    gates = [Finding("gates", Verdict.INCONCLUSIVE, f"fault {labels[x.window_id]} was not confirmed: its window proves nothing",
-                     window=labels[x.window_id], evidence={"gate": "unconfirmed_fault"}) for x in s.windows if not x.confirmed]
+    gates = [
+        Finding(
+            "gates",
+            Verdict.INCONCLUSIVE,
+            f"fault {labels[x.window_id]} was not confirmed: its window proves nothing",
+            window=labels[x.window_id],
+            evidence={"gate": "unconfirmed_fault"},
+        )
+        for x in s.windows
+        if not x.confirmed
+    ]
     for gate in gates:
         w.event("verdict", "gate", t + 0.6, **dataclasses.asdict(gate))
     verdict = combine([*(r.verdict for r in results), *(g.verdict for g in gates)])
@@ -317,11 +466,23 @@ def _write_verdict(w: _Writer, t: float, records: list[RequestRecord]) -> None:
     reasons += [g.summary for g in gates]
     if verdict is Verdict.PASS:
         reasons = [f"every oracle passed in {len(s.windows)} confirmed fault window(s); no leak in {n} responses"]
-    counts = {"total": n, "ok": sum(r.outcome is Outcome.OK for r in records),
-              "fail": sum(r.outcome is Outcome.FAIL for r in records), "info": sum(r.outcome is Outcome.INFO for r in records)}
+    counts = {
+        "total": n,
+        "ok": sum(r.outcome is Outcome.OK for r in records),
+        "fail": sum(r.outcome is Outcome.FAIL for r in records),
+        "info": sum(r.outcome is Outcome.INFO for r in records),
+    }
     w.event(EventKind.PHASE, "oracles:end", t + 0.7)
-    w.event("verdict", "run", t + 0.8, verdict=verdict.value, exit_code=verdict.exit_code, reasons=reasons,
-            requests=counts, generator_saturated=False)
+    w.event(
+        "verdict",
+        "run",
+        t + 0.8,
+        verdict=verdict.value,
+        exit_code=verdict.exit_code,
+        reasons=reasons,
+        requests=counts,
+        generator_saturated=False,
+    )
 
 
 def _bulk_canary(w: _Writer, records: list[RequestRecord], labels: dict[str, str]) -> OracleResult:
@@ -331,14 +492,35 @@ def _bulk_canary(w: _Writer, records: list[RequestRecord], labels: dict[str, str
         hits = w.codec.scan(record.response_text) if "UUL" in record.response_text else []
         for hit in hits:
             victim = next(r for r in records if r.request_index == hit.request_index)
-            active = [labels[x.window_id] for x in w.s.windows
-                      if w.load_start + x.at_s <= (record.t_send or 0) <= w.load_start + x.at_s + x.duration_s + 10.0]
-            victim_active = [labels[x.window_id] for x in w.s.windows
-                             if w.load_start + x.at_s <= (victim.t_send or 0) <= w.load_start + x.at_s + x.duration_s + 10.0]
-            evidence = {"marker": hit.text, "kind": hit.kind.value, "offset": hit.offset, "verified": hit.verified,
-                        "excerpt": record.response_text[max(0, hit.offset - 40): hit.end + 40], "faults_active": active,
-                        "victim_faults_active": victim_active, "victim_outcome": victim.outcome.value}
-            findings.append(Finding("canary", Verdict.FAIL, f"LEAK: response to {record.id} contains {hit.kind.value} marker of "
-                                    f"request {victim.id}", request_id=record.id, victim_request_id=victim.id,
-                                    window=active[0] if active else None, evidence=evidence))
+            active = [
+                labels[x.window_id]
+                for x in w.s.windows
+                if w.load_start + x.at_s <= (record.t_send or 0) <= w.load_start + x.at_s + x.duration_s + 10.0
+            ]
+            victim_active = [
+                labels[x.window_id]
+                for x in w.s.windows
+                if w.load_start + x.at_s <= (victim.t_send or 0) <= w.load_start + x.at_s + x.duration_s + 10.0
+            ]
+            evidence = {
+                "marker": hit.text,
+                "kind": hit.kind.value,
+                "offset": hit.offset,
+                "verified": hit.verified,
+                "excerpt": record.response_text[max(0, hit.offset - 40) : hit.end + 40],
+                "faults_active": active,
+                "victim_faults_active": victim_active,
+                "victim_outcome": victim.outcome.value,
+            }
+            findings.append(
+                Finding(
+                    "canary",
+                    Verdict.FAIL,
+                    f"LEAK: response to {record.id} contains {hit.kind.value} marker of request {victim.id}",
+                    request_id=record.id,
+                    victim_request_id=victim.id,
+                    window=active[0] if active else None,
+                    evidence=evidence,
+                )
+            )
     return OracleResult.from_findings("canary", sum(1 for r in records if r.response_text), findings)

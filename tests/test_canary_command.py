@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from chaos.canary_probe import Reply, judge_stream, parse_sse
-from chaos.cli_canary import main, register
+from chaos.canary.judging import judge_stream
+from chaos.canary.reply import Reply, parse_sse
+from chaos.cli.canary import main, register
 from chaos.errors import UsageError
 from chaos.targets.sim.stack import SimStack
 
@@ -101,8 +102,11 @@ class FakeTarget:
         usage = {"prompt_tokens": words, "completion_tokens": 2, "total_tokens": words + 2}
         if not body.get("stream"):
             text = "".join(pieces)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                      if chat else {"index": 0, "text": text, "finish_reason": "stop"})
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "stop"}
+            )
             payload: dict[str, Any] = {"id": "x", "object": "chat.completion", "choices": [choice]}
             if self.usage:
                 payload["usage"] = usage
@@ -110,8 +114,11 @@ class FakeTarget:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for piece in pieces:  # the marker is split across two chunks
-            choice = ({"index": 0, "delta": {"content": piece}, "finish_reason": None}
-                      if chat else {"index": 0, "text": piece, "finish_reason": None})
+            choice = (
+                {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                if chat
+                else {"index": 0, "text": piece, "finish_reason": None}
+            )
             await response.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
         if self.usage:
             await response.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
@@ -152,7 +159,9 @@ def leaky() -> Iterator[FakeTarget]:
 # ----------------------------------------------------------------------------------- tests ----
 
 
-def test_clean_embedded_engine_passes_and_every_probe_is_a_4xx(sim_stack: SimStack, capsys: pytest.CaptureFixture[str]) -> None:
+def test_clean_embedded_engine_passes_and_every_probe_is_a_4xx(
+    sim_stack: SimStack, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, report = run_json(["--url", sim_stack.router_url], capsys)
     assert code == 0, json.dumps(report, indent=1)[:4000]
     assert report["verdict"] == "PASS"
@@ -177,7 +186,9 @@ def test_clean_embedded_engine_passes_and_every_probe_is_a_4xx(sim_stack: SimSta
     assert report["summary"]["victims_clean"] == 8 and report["summary"]["leaks"] == 0
 
 
-def test_incident_like_server_fails_with_the_leak_reported(leaky: FakeTarget, capsys: pytest.CaptureFixture[str]) -> None:
+def test_incident_like_server_fails_with_the_leak_reported(
+    leaky: FakeTarget, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, report = run_json(["--url", leaky.url], capsys)
     assert code == 1
     assert report["verdict"] == "FAIL"
@@ -194,13 +205,15 @@ def test_incident_like_server_fails_with_the_leak_reported(leaky: FakeTarget, ca
     assert report["summary"]["victims_clean"] == 8
 
 
-def test_text_output_is_a_table_with_the_leak_and_a_summary(leaky: FakeTarget, capsys: pytest.CaptureFixture[str]) -> None:
+def test_text_output_is_a_table_with_the_leak_and_a_summary(
+    leaky: FakeTarget, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert run_handler(["--url", leaky.url + "/v1/"]) == 1  # an OpenAI client's base URL works too
     out = capsys.readouterr().out.splitlines()
     header = next(i for i, line in enumerate(out) if line.startswith("PROBE"))
     for column in ("TOKENS", "THRESHOLD", "ROUTE", "STREAM", "STATUS", "VERDICT", "REASON"):
         assert column in out[header]
-    rows = out[header + 1: header + 5]
+    rows = out[header + 1 : header + 5]
     assert all("FAIL" in row and "LEAK" in row for row in rows), rows
     verdict_at = out[header].index("VERDICT")
     assert all(row[verdict_at:].startswith("FAIL") for row in rows)  # aligned
@@ -237,7 +250,7 @@ def test_a_target_that_reports_nothing_needs_max_tokens_probe(capsys: pytest.Cap
 
         code, report = run_json(["--url", target.url, "--max-tokens-probe", str(LIMIT)], capsys)
     assert code == 0, report
-    assert [p["target_tokens"] for p in report["probes"]][:: 4] == [LIMIT + 1, 2 * LIMIT]
+    assert [p["target_tokens"] for p in report["probes"]][::4] == [LIMIT + 1, 2 * LIMIT]
     assert all(p["verdict"] == "PASS" and p["rejected_status"] == 400 for p in report["probes"])
 
 
@@ -252,11 +265,12 @@ def test_unreachable_and_malformed_urls_are_usage_errors(capsys: pytest.CaptureF
 
 
 def test_exit_codes_end_to_end_in_a_subprocess(leaky: FakeTarget) -> None:
-    script = "import sys; from chaos.cli_canary import main; sys.exit(main(sys.argv[1:]))"
+    script = "import sys; from chaos.cli.canary import main; sys.exit(main(sys.argv[1:]))"
 
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-c", script, *argv], cwd=REPO, check=False,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-c", script, *argv], cwd=REPO, check=False, capture_output=True, text=True, timeout=60
+        )
 
     leak = run("canary", "--url", leaky.url)
     assert leak.returncode == 1, leak.stderr
@@ -280,16 +294,39 @@ def sse(*events: dict[str, Any]) -> str:
         # In-stream 400, nothing streamed before it (SGLang's scheduler check): rejected.
         ([{"error": {"message": "Input length (9 tokens) exceeds", "type": "BadRequestError", "code": 400}}], 400),
         # The empty role chunk chat streams open with is not content.
-        ([{"choices": [{"delta": {"role": "assistant", "content": ""}}]},
-          {"error": {"message": "too long", "code": 400}}], 400),
+        (
+            [
+                {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+                {"error": {"message": "too long", "code": 400}},
+            ],
+            400,
+        ),
         # /generate: the abort finish reason carries the status.
-        ([{"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "status_code": 400, "message": "x"}}}], 400),
+        (
+            [
+                {
+                    "text": "",
+                    "output_ids": [],
+                    "meta_info": {"finish_reason": {"type": "abort", "status_code": 400, "message": "x"}},
+                }
+            ],
+            400,
+        ),
         # Content before the error: the prompt was served.
         ([{"choices": [{"delta": {"content": "hello"}}]}, {"error": {"message": "late", "code": 400}}], None),
         # A 5xx inside the stream is no rejection.
         ([{"error": {"message": "KVTransferError", "code": 500}}], None),
         # An abort without a status (a plain abort) is no rejection.
-        ([{"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "status_code": None, "message": "Aborted"}}}], None),
+        (
+            [
+                {
+                    "text": "",
+                    "output_ids": [],
+                    "meta_info": {"finish_reason": {"type": "abort", "status_code": None, "message": "Aborted"}},
+                }
+            ],
+            None,
+        ),
         # A stream that just ends.
         ([{"choices": [{"delta": {"content": ""}, "finish_reason": "stop"}]}], None),
     ],

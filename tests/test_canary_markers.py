@@ -8,7 +8,7 @@ import string
 
 import pytest
 
-from chaos.oracles.canary import (
+from chaos.markers import (
     MARKER_WIDTH,
     MAX_REQUEST_INDEX,
     MAX_SLOT,
@@ -136,9 +136,7 @@ def test_too_short_head_fragments_follow_the_minimum(codec: MarkerCodec) -> None
     text = "see " + codec.marker(3)[:5] + " end"  # sentinel + 2 body characters
     assert codec.scan(text) == []
     hits = MarkerCodec(RUN, min_fragment_body=2).scan(text)
-    assert [(h.text, h.run_prefix, h.request_index) for h in hits] == [
-        (SENTINEL + "K7", None, None)
-    ]
+    assert [(h.text, h.run_prefix, h.request_index) for h in hits] == [(SENTINEL + "K7", None, None)]
 
 
 @pytest.mark.parametrize("lost", [1, 2, 3])

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from chaos.cli import EXIT_USAGE, build_parser
+from chaos.cli import build_parser
+from chaos.exit_codes import ExitCode
 from chaos.verdict import Verdict
 from reports.compare import EXIT_OK, EXIT_REGRESSED, EXIT_UNPROVEN
 
@@ -93,9 +94,12 @@ def test_the_exit_code_table_says_what_the_code_returns() -> None:
         if len(cells) == 6 and cells[0].startswith("`pdchaos"):
             table[cells[0].strip("`")] = cells[1:]
     run = table["pdchaos run"]
-    assert (run[Verdict.PASS.exit_code], run[Verdict.FAIL.exit_code], run[Verdict.INCONCLUSIVE.exit_code]) == \
-        ("PASS", "FAIL", "INCONCLUSIVE")
-    assert run[EXIT_USAGE].startswith("bad campaign")
+    assert (run[Verdict.PASS.exit_code], run[Verdict.FAIL.exit_code], run[Verdict.INCONCLUSIVE.exit_code]) == (
+        "PASS",
+        "FAIL",
+        "INCONCLUSIVE",
+    )
+    assert run[ExitCode.USAGE].startswith("bad campaign")
     compare = table["pdchaos compare BASE CANDIDATE"]
     assert compare[EXIT_OK] == "no regression" and compare[EXIT_REGRESSED].startswith("regressed")
     assert compare[EXIT_UNPROVEN].startswith("not proven")

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from chaos.journal import Journal
-from chaos.oracles.canary import MarkerCodec
+from chaos.markers import MarkerCodec
 from chaos.targets.sim.defects import DEFECTS
 
 pytestmark = pytest.mark.integration
@@ -65,11 +65,15 @@ SECOND_SEED = 8  # the campaign's own is 7
 
 
 @pytest.fixture(scope="module")
-def defect_runs(request: pytest.FixtureRequest,
-                tmp_path_factory: pytest.TempPathFactory) -> dict[str, DefectRun]:
+def defect_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, DefectRun]:
     """One run per selected defect (all ten unless `-k` narrows them), `PARALLEL` at a time."""
-    selected = sorted({item.callspec.params["defect"] for item in request.session.items
-                       if item.module is request.module and hasattr(item, "callspec")})
+    selected = sorted(
+        {
+            item.callspec.params["defect"]
+            for item in request.session.items
+            if item.module is request.module and hasattr(item, "callspec")
+        }
+    )
     root = tmp_path_factory.mktemp("defects")
 
     def one(defect: str) -> tuple[str, DefectRun]:
@@ -86,8 +90,11 @@ def defect_runs(request: pytest.FixtureRequest,
 
 def failing_oracles(out: Path) -> dict[str, list[dict]]:
     with Journal.open(out, readonly=True) as journal:
-        return {e.data["name"]: e.data["findings"] for e in journal.iter_events(kind="verdict", name="oracle")
-                if e.data["verdict"] == "FAIL"}
+        return {
+            e.data["name"]: e.data["findings"]
+            for e in journal.iter_events(kind="verdict", name="oracle")
+            if e.data["verdict"] == "FAIL"
+        }
 
 
 @pytest.mark.parametrize("defect", sorted(EXPECTED))
@@ -97,7 +104,10 @@ def test_the_default_campaign_fails_each_defect_through_its_oracle(defect_runs: 
     done = defect_runs[defect]
     out, result = done.out, done.result
     if done.missed_by is not None:
-        warnings.warn(f"{defect}: missed by the campaign's seed ({done.missed_by}); judged on seed {SECOND_SEED} ({out})")
+        warnings.warn(
+            f"{defect}: missed by the campaign's seed ({done.missed_by}); judged on seed {SECOND_SEED} ({out})",
+            stacklevel=1,
+        )
     assert result.returncode == 1, result.stdout + result.stderr[-2000:]
     failed = failing_oracles(out)
     assert oracles & set(failed), f"{defect}: expected one of {oracles} to fail, got {sorted(failed)}"

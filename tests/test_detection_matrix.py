@@ -11,13 +11,20 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import detection_matrix as dm  # noqa: E402
 
-RERUN = ("re-run the matrix (.venv/bin/python benchmarks/detection_matrix.py, see benchmarks/README.md) and commit "
-         "its records under benchmarks/results/detection-matrix/ with docs/detection-matrix.md")
+RERUN = (
+    "re-run the matrix (.venv/bin/python benchmarks/detection_matrix.py, see benchmarks/README.md) and commit "
+    "its records under benchmarks/results/detection-matrix/ with docs/detection-matrix.md"
+)
 
 
 def test_the_summary_self_test_passes() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "detection_matrix.py"), "--self-test"],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "detection_matrix.py"), "--self-test"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "self-test passed" in result.stdout
 
@@ -50,21 +57,36 @@ def test_the_committed_document_is_what_the_committed_records_of_its_digest_say(
     digest = _doc_digest()
     assert digest, f"docs/detection-matrix.md names no single source digest (a mixed-source diagnostic?): {RERUN}"
     doc = tmp_path / "matrix.md"
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "detection_matrix.py"), "--from-records",
-                             str(dm.DEFAULT_RECORDS), "--records-digest", digest, "--doc", str(doc)],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "detection_matrix.py"),
+            "--from-records",
+            str(dm.DEFAULT_RECORDS),
+            "--records-digest",
+            digest,
+            "--doc",
+            str(doc),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert doc.is_file(), f"no records of digest {digest}: {RERUN}\n" + result.stdout + result.stderr
     committed = (ROOT / "docs" / "detection-matrix.md").read_text()
     assert _tables(doc.read_text()) == _tables(committed), (
         f"docs/detection-matrix.md is not what the records of digest {digest} say: regenerate it with "
-        f"benchmarks/detection_matrix.py --from-records benchmarks/results/detection-matrix")
+        f"benchmarks/detection_matrix.py --from-records benchmarks/results/detection-matrix"
+    )
 
 
 def test_the_matrix_doc_is_of_the_current_sources() -> None:
     digest, current = _doc_digest(), dm.source_digest()
     assert digest == current, (
         f"docs/detection-matrix.md was made from runs of sources {digest}; the current sources are {current} "
-        f"(benchmarks/detection_matrix.py --digest): its figures say nothing about these sources: {RERUN}")
+        f"(benchmarks/detection_matrix.py --digest): its figures say nothing about these sources: {RERUN}"
+    )
 
 
 def test_the_twin_has_the_windows_of_sglang_launch_in_its_order() -> None:
@@ -76,21 +98,35 @@ def test_the_twin_has_the_windows_of_sglang_launch_in_its_order() -> None:
 
     def windows(path: Path) -> list[tuple[str, object]]:
         spec = yaml.safe_load(path.read_text())["faults"]["windows"]
-        return [(w["fault"], (w.get("params") or {}).get("role") or (w.get("params") or {}).get("link"))
-                for w in spec if "sim" in FAULTS[w["fault"]].targets]
+        return [
+            (w["fault"], (w.get("params") or {}).get("role") or (w.get("params") or {}).get("link"))
+            for w in spec
+            if "sim" in FAULTS[w["fault"]].targets
+        ]
 
     launch, twin = windows(ROOT / "campaigns" / "sglang-launch.yaml"), windows(dm.TWIN_CAMPAIGN)
-    assert twin == launch, f"{dm.TWIN_CAMPAIGN.relative_to(ROOT)} is out of step with campaigns/sglang-launch.yaml: {twin} != {launch}"
+    assert twin == launch, (
+        f"{dm.TWIN_CAMPAIGN.relative_to(ROOT)} is out of step with campaigns/sglang-launch.yaml: {twin} != {launch}"
+    )
     assert yaml.safe_load(dm.TWIN_CAMPAIGN.read_text())["target"]["kind"] == "sim"
 
 
 def _planned(n: int) -> list[dm.Planned]:
-    return [dm.Planned("default", "clean-default", "default", dm.DEFAULT_CAMPAIGN, None, seed) for seed in range(1, n + 1)]
+    return [
+        dm.Planned("default", "clean-default", "default", dm.DEFAULT_CAMPAIGN, None, seed) for seed in range(1, n + 1)
+    ]
 
 
 def _summary(seed: int) -> dm.RunSummary:
-    return dm.RunSummary(path=f"seed-{seed}", campaign="default", defects=[], seed=seed, verdict="PASS", exit_code=0,
-                         load_started_at=None)
+    return dm.RunSummary(
+        path=f"seed-{seed}",
+        campaign="default",
+        defects=[],
+        seed=seed,
+        verdict="PASS",
+        exit_code=0,
+        load_started_at=None,
+    )
 
 
 def test_runs_go_n_at_a_time_in_plan_order() -> None:

@@ -6,6 +6,7 @@ Also the proxied stack itself (proxies in the state file, restarts keep them wor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,14 +23,13 @@ import httpx
 import pytest
 
 from chaos.journal import Journal, JournalError
-from chaos.process import pid_alive
+from chaos.process import group_members, pid_alive
 from chaos.targets.base import Endpoints
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.sim.stack import PROXY_LINKS, SimStack, SimStackConfig
 from faults.base import FaultContext
-from faults.links import netns_unavailable, partition_present
+from faults.links.iptables import netns_unavailable, partition_present
 from faults.registry import FAULTS, build_fault
-from faults.undo import group_members
 from faults.window import run_window
 from tests.conftest import Traffic, start_stack, wait_until
 
@@ -37,8 +37,10 @@ pytestmark = pytest.mark.integration
 
 # Short transfer timeouts, so a request cut off by a fault fails within a window of a few seconds.
 LINK_STACK = SimStackConfig(
-    worker=WorkerSettings(transfer_tokens_per_s=20000.0,
-                          timeouts=replace(TransferTimeouts(), waiting_timeout_s=1.5, bootstrap_timeout_s=2.0)),
+    worker=WorkerSettings(
+        transfer_tokens_per_s=20000.0,
+        timeouts=replace(TransferTimeouts(), waiting_timeout_s=1.5, bootstrap_timeout_s=2.0),
+    ),
     proxied_links=True,
 )
 
@@ -101,7 +103,9 @@ def test_proxied_stack_routes_through_proxies_and_survives_a_restart(stack: SimS
 
 
 @pytest.mark.parametrize("params", [{"mode": "reset"}, {"mode": "truncate", "truncate_after_bytes": 2048}])
-def test_destructive_kv_transfer_faults_are_confirmed_by_failed_transfers(stack: SimStack, tmp_path: Path, params: dict) -> None:
+def test_destructive_kv_transfer_faults_are_confirmed_by_failed_transfers(
+    stack: SimStack, tmp_path: Path, params: dict
+) -> None:
     fault = build_fault("kv_transfer", params, "faults[0]")
     with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url, timeout_s=15) as traffic:
         result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=2.0)
@@ -161,11 +165,14 @@ def test_router_link_faults(stack: SimStack, link: str, mode: str) -> None:
 def _iptables_usable() -> str | None:
     """Why iptables partitions cannot be tested here; installs iptables once where apt can."""
     if os.geteuid() == 0 and shutil.which("iptables") is None and shutil.which("apt-get"):
-        try:
-            subprocess.run(["apt-get", "install", "-y", "-q", "iptables"], capture_output=True, timeout=180, check=False,
-                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-        except (OSError, subprocess.SubprocessError):
-            pass
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["apt-get", "install", "-y", "-q", "iptables"],
+                capture_output=True,
+                timeout=180,
+                check=False,
+                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            )
     return netns_unavailable()
 
 
@@ -176,7 +183,9 @@ def iptables() -> None:
         pytest.skip(f"netns_partition not available here: {reason}")
 
 
-def test_netns_partition_of_the_transfer_port_is_confirmed_and_removed(stack: SimStack, iptables: None, tmp_path: Path) -> None:
+def test_netns_partition_of_the_transfer_port_is_confirmed_and_removed(
+    stack: SimStack, iptables: None, tmp_path: Path
+) -> None:
     fault = build_fault("netns_partition", {"link": "kv_transfer", "action": "reject"}, "faults[0]")
     ctx = _ctx(stack, None, "w1")
     with Traffic(stack.router_url, timeout_s=15):
@@ -244,8 +253,12 @@ def test_heal_after_the_driver_was_killed_leaves_no_proxy_or_rule(tmp_path: Path
     if partition:
         windows.append(["netns_partition", {"link": "router_decode"}])
     run_dir = tmp_path / "run"
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(run_dir), json.dumps(windows)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(run_dir), json.dumps(windows)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_until(lambda: len(_plans(run_dir)) == len(windows), timeout_s=60, what="every window to be planned")
         state = json.loads(SimStack.state_path(run_dir).read_text())
@@ -253,15 +266,20 @@ def test_heal_after_the_driver_was_killed_leaves_no_proxy_or_rule(tmp_path: Path
         # The journal says "inject" as injection starts; wait for the faults themselves.
         wait_until(lambda: httpx.get(f"{control}/faults", timeout=5).json() != {}, timeout_s=15, what="the proxy fault")
         if partition:
-            wait_until(lambda: any(e["event"] == "installed" for e in _holder_events(run_dir)), timeout_s=15,
-                       what="the partition rules")
+            wait_until(
+                lambda: any(e["event"] == "installed" for e in _holder_events(run_dir)),
+                timeout_s=15,
+                what="the partition rules",
+            )
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver dies; its stack, proxies and holder live on
         driver.wait(10)
     try:
         _check_heal(run_dir, state, control, partition)
     finally:  # whatever failed above, leave nothing running (a second heal is harmless)
-        subprocess.run([sys.executable, "-m", "chaos.cli", "heal", str(run_dir)], capture_output=True, timeout=120, check=False)
+        subprocess.run(
+            [sys.executable, "-m", "chaos.cli", "heal", str(run_dir)], capture_output=True, timeout=120, check=False
+        )
 
 
 def _check_heal(run_dir: Path, state: dict, control: str, partition: bool) -> None:
@@ -271,7 +289,13 @@ def _check_heal(run_dir: Path, state: dict, control: str, partition: bool) -> No
         assert holder is not None and pid_alive(holder)
     groups = [p["pgid"] for p in state["processes"]]
 
-    healed = subprocess.run([sys.executable, "-m", "chaos.cli", "heal", str(run_dir)], capture_output=True, text=True, timeout=120, check=False)
+    healed = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "heal", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert healed.returncode == 0, healed.stdout + healed.stderr
     assert "clear the faults of proxy" in healed.stdout
     for pgid in groups:

@@ -7,6 +7,7 @@ the few upper bounds are far from the injected delay (a clean ping vs a 200 ms f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -28,8 +29,11 @@ from aiohttp import web
 from chaos.targets.sim.kvpool import KVPool
 from chaos.targets.sim.model import kv_for
 from chaos.targets.sim.transfer import Destination, Done, KVReceiver, KVSender, TransferFailed
-from faults.proxy import FaultProxy, FaultSpec, FaultSpecError, ProxyStats, ProxyThread, StreamFaults
-from faults.proxy_control import ControlClient
+from faults.proxy.control import ControlClient
+from faults.proxy.spec import FaultSpec, FaultSpecError, StreamFaults
+from faults.proxy.stats import ProxyStats
+from faults.proxy.tcp import FaultProxy
+from faults.proxy.thread import ProxyThread
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 5.0
@@ -168,26 +172,31 @@ def test_spec_validation_names_the_field() -> None:
         FaultSpec(probability=1.5)
     with pytest.raises(FaultSpecError, match="slice_delay_ms needs"):
         StreamFaults(slice_delay_ms=5)
-    with pytest.raises(FaultSpecError, match="upstream.truncate_after_bytes"):
+    with pytest.raises(FaultSpecError, match=r"upstream.truncate_after_bytes"):
         FaultSpec.from_dict({"upstream": {"truncate_after_bytes": 1.5}})
-    with pytest.raises(FaultSpecError, match="downstream.blackhole"):
+    with pytest.raises(FaultSpecError, match=r"downstream.blackhole"):
         FaultSpec.from_dict({"downstream": {"blackhole": 1}})
-    with pytest.raises(FaultSpecError, match="both.latency_ms"):
+    with pytest.raises(FaultSpecError, match=r"both.latency_ms"):
         FaultSpec.from_dict({"both": {"latency_ms": True}})
-    with pytest.raises(FaultSpecError, match="unknown field.*upstream.latency"):
+    with pytest.raises(FaultSpecError, match=r"unknown field.*upstream.latency"):
         FaultSpec.from_dict({"upstream": {"latency": 5}})
-    with pytest.raises(FaultSpecError, match="unknown field.*toxicity"):
+    with pytest.raises(FaultSpecError, match=r"unknown field.*toxicity"):
         FaultSpec.from_dict({"toxicity": 0.5})
     with pytest.raises(FaultSpecError, match="either 'both'"):
         FaultSpec.from_dict({"both": {}, "upstream": {}})
-    spec = FaultSpec.from_dict({"both": {"latency_ms": 5, "bandwidth_bytes_per_s": 1000}, "probability": 0.25, "seed": 3})
+    spec = FaultSpec.from_dict(
+        {"both": {"latency_ms": 5, "bandwidth_bytes_per_s": 1000}, "probability": 0.25, "seed": 3}
+    )
     assert spec.upstream == spec.downstream == StreamFaults(latency_ms=5, bandwidth_bytes_per_s=1000)
     assert FaultSpec.from_dict(spec.to_dict()) == spec
     assert spec == FaultSpec.both(latency_ms=5, bandwidth_bytes_per_s=1000, probability=0.25, seed=3)
     assert spec.active and not FaultSpec().active and FaultSpec(refuse=True).active
     # Sparse JSON: {} is a clean link (heal's audit relies on it), defaults are left out.
     assert FaultSpec().to_dict() == {} == FaultSpec(probability=0.5, seed=9).to_dict()
-    assert FaultSpec(downstream=StreamFaults(reset=True), seed=9).to_dict() == {"downstream": {"reset": True}, "seed": 9}
+    assert FaultSpec(downstream=StreamFaults(reset=True), seed=9).to_dict() == {
+        "downstream": {"reset": True},
+        "seed": 9,
+    }
     assert FaultSpec.from_dict({}) == FaultSpec()
 
 
@@ -205,7 +214,10 @@ def test_passthrough_is_byte_exact_and_unconfirmed(proxy: ProxyThread) -> None:
 
 
 def test_http_link_passthrough_then_downstream_reset(http_port: int) -> None:
-    with ProxyThread(("127.0.0.1", http_port)) as p, httpx.Client(base_url=f"http://127.0.0.1:{p.port}", timeout=WAIT_S) as client:
+    with (
+        ProxyThread(("127.0.0.1", http_port)) as p,
+        httpx.Client(base_url=f"http://127.0.0.1:{p.port}", timeout=WAIT_S) as client,
+    ):
         assert client.get("/big").content == BIG
         assert client.post("/echo", content=b"x" * 5000).content == b"x" * 5000
         p.set_faults(FaultSpec(downstream=StreamFaults(reset=True)))
@@ -370,10 +382,8 @@ def test_stop_closes_open_connections_and_leaks_no_task() -> None:
         assert proxy.stats.active == 3
         await proxy.stop()
         for reader, writer in clients:
-            try:
+            with contextlib.suppress(ConnectionResetError):
                 assert await asyncio.wait_for(reader.read(10), 2) == b""
-            except ConnectionResetError:
-                pass
             writer.close()
         assert proxy.stats.active == 0
         await proxy.stop()  # idempotent
@@ -392,10 +402,8 @@ def test_upstream_connect_failure_closes_the_client() -> None:
         proxy = FaultProxy(upstream=("127.0.0.1", free_port()))
         port = await proxy.start()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
+        with contextlib.suppress(ConnectionResetError):
             assert await asyncio.wait_for(reader.read(10), 2) == b""
-        except ConnectionResetError:
-            pass
         writer.close()
         assert (proxy.stats.connect_failures, proxy.stats.active) == (1, 0)
         await proxy.stop()
@@ -434,8 +442,14 @@ def test_kv_transfer_through_the_proxy_and_truncated() -> None:
         slots = src.slots(pages, 10)
         src.write(slots, kv_for(list(range(100, 110)), 0, 0))
         return await KVSender(room).send(
-            Destination("127.0.0.1", port, pages), src, slots, np.asarray(slots), Done(1, 10, None),
-            chunk_tokens=3, tokens_per_s=1e12, should_stop=lambda: False,
+            Destination("127.0.0.1", port, pages),
+            src,
+            slots,
+            np.asarray(slots),
+            Done(1, 10, None),
+            chunk_tokens=3,
+            tokens_per_s=1e12,
+            should_stop=lambda: False,
         )
 
     async def main() -> None:
@@ -465,8 +479,22 @@ def test_kv_transfer_through_the_proxy_and_truncated() -> None:
 
 def test_standalone_process_with_control_api(echo_port: int) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "faults.proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{echo_port}", "--control", "127.0.0.1:0"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        [
+            sys.executable,
+            "-m",
+            "faults.proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            f"127.0.0.1:{echo_port}",
+            "--control",
+            "127.0.0.1:0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         assert proc.stdout is not None
@@ -506,6 +534,10 @@ def test_standalone_process_with_control_api(echo_port: int) -> None:
 def test_cli_rejects_a_bad_fault_spec() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "faults.proxy", "--upstream", "127.0.0.1:9", "--faults", '{"refuse": "yes"}'],
-        check=False, cwd=ROOT, capture_output=True, text=True, timeout=30,
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2 and "refuse" in result.stderr

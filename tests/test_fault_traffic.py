@@ -15,19 +15,15 @@ import httpx
 import pytest
 
 from chaos.journal import Journal, Outcome
-from chaos.oracles.canary import MarkerCodec
+from chaos.markers import MarkerCodec
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.sim.stack import SimStack, SimStackConfig
 from faults.base import FaultContext
 from faults.registry import FAULTS, build_fault
-from faults.traffic import (
-    FAULT_INDEX_BASE,
-    INDEX_SPAN,
-    AbortPlan,
-    plan_thresholds,
-    window_index_base,
-)
+from faults.traffic.client_abort import AbortPlan
+from faults.traffic.source import FAULT_INDEX_BASE, INDEX_SPAN, window_index_base
 from faults.window import run_window
+from loadprofiles.sizing import plan_thresholds
 from tests.conftest import start_stack, wait_until
 
 pytestmark = pytest.mark.integration
@@ -36,8 +32,11 @@ RUN_PREFIX = "K7QX"
 # Slow enough prefill and transfer (about 100 ms each for 2000 tokens) that each phase is a
 # window an abort can be aimed at.
 TRAFFIC_STACK = SimStackConfig(
-    worker=WorkerSettings(prefill_tokens_per_s=20000.0, transfer_tokens_per_s=20000.0,
-                          timeouts=replace(TransferTimeouts(), waiting_timeout_s=3.0, bootstrap_timeout_s=3.0)),
+    worker=WorkerSettings(
+        prefill_tokens_per_s=20000.0,
+        transfer_tokens_per_s=20000.0,
+        timeouts=replace(TransferTimeouts(), waiting_timeout_s=3.0, bootstrap_timeout_s=3.0),
+    ),
 )
 
 
@@ -64,18 +63,28 @@ def _ctx(stack: SimStack, journal: Journal, window: str = "w1") -> FaultContext:
 def _idle(stack: SimStack) -> bool:
     for role in ("prefill", "decode"):
         data = httpx.get(f"{stack.worker_url(role)}/v1/loads", timeout=5).json()
-        if data["num_used_tokens"] or data["quarantined_tokens"] or data["num_running_reqs"] or data["num_waiting_reqs"]:
+        if (
+            data["num_used_tokens"]
+            or data["quarantined_tokens"]
+            or data["num_running_reqs"]
+            or data["num_waiting_reqs"]
+        ):
             return False
     return True
 
 
-@pytest.mark.parametrize("phase, method", [
-    ("decode", "abort_request"),
-    ("transfer", "abort_request"),
-    ("prefill", "disconnect"),
-    ("queued", "abort_request"),
-])
-def test_client_abort_at_each_phase_is_confirmed_and_journaled(stack: SimStack, journal: Journal, phase: str, method: str) -> None:
+@pytest.mark.parametrize(
+    "phase, method",
+    [
+        ("decode", "abort_request"),
+        ("transfer", "abort_request"),
+        ("prefill", "disconnect"),
+        ("queued", "abort_request"),
+    ],
+)
+def test_client_abort_at_each_phase_is_confirmed_and_journaled(
+    stack: SimStack, journal: Journal, phase: str, method: str
+) -> None:
     fault = build_fault("client_abort", {"phase": phase, "method": method, "count": 2}, "faults[0]")
     result = run_window(fault, _ctx(stack, journal), duration_s=0.5)
     assert result.confirmation.confirmed, result.confirmation.evidence
@@ -132,8 +141,11 @@ def test_cache_flush_while_a_request_runs_is_reported_unconfirmed(stack: SimStac
     started = threading.Event()
 
     def long_request() -> None:
-        body = {"text": "Please keep talking about the harbour.", "stream": True,
-                "sampling_params": {"max_new_tokens": 450, "ignore_eos": True}}
+        body = {
+            "text": "Please keep talking about the harbour.",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 450, "ignore_eos": True},
+        }
         with httpx.Client(timeout=30) as client, client.stream("POST", f"{stack.router_url}/generate", json=body) as r:
             for _ in r.iter_lines():
                 started.set()
@@ -157,7 +169,13 @@ def test_abort_plan_and_index_ranges() -> None:
     assert queued < 0.02 < prefill < 0.12 < transfer < 0.22 and plan.delay("decode") is None
     assert window_index_base("w3") == FAULT_INDEX_BASE + 3 * INDEX_SPAN != window_index_base("w4")
     asymmetric = plan_thresholds([(4096, 8192, 4090), (39312, 8192, 8186)])
-    assert [t.label for t in asymmetric] == ["pool 4096", "band [4090,8192)", "band [8186,8192)", "context 8192", "pool 39312"]
+    assert [t.label for t in asymmetric] == [
+        "pool 4096",
+        "band [4090,8192)",
+        "band [8186,8192)",
+        "context 8192",
+        "pool 39312",
+    ]
     assert all(t.target + t.max_new_tokens() <= 8192 for t in asymmetric if t.upper is not None)
 
 
@@ -169,7 +187,9 @@ def test_an_over_length_prompt_that_lands_over_the_smallest_limit_is_judged_what
     """The incident's pools: prefill's max input 1,018, decode's 2,042, context 2,048. A prompt
     aimed past decode's limit that the tokenizer counts at 2,015 tokens is still over prefill's:
     answered 200, it is the incident, not a miss."""
-    from faults.traffic import plan_thresholds, undershot
+    from faults.traffic.over_length import undershot
+    from loadprofiles.sizing import plan_thresholds
+
     thresholds = plan_thresholds([(1024, 2048, 1018), (8192, 2048, 2042)])
     aimed_at_decode = next(t for t in thresholds if t.label == "band [2042,2048)")
     assert aimed_at_decode.tokens == 2042
@@ -180,11 +200,21 @@ def test_an_over_length_prompt_that_lands_over_the_smallest_limit_is_judged_what
 def test_an_over_length_burst_answered_404_is_not_confirmed() -> None:
     """A server without the route never ran its admission check: 404 is no answer to the prompt."""
     from faults.base import FaultContext
-    from faults.traffic import Exchange, OverLengthBurst
+    from faults.traffic.exchange import Exchange
+    from faults.traffic.over_length import OverLengthBurst
 
     def sent(rid: str, status: int) -> Exchange:
-        return Exchange(rid=rid, index=0, prompt="x", markers=[], user_kind="over_length", actor="fault",
-                        max_tokens=8, stream=False, status=status)
+        return Exchange(
+            rid=rid,
+            index=0,
+            prompt="x",
+            markers=[],
+            user_kind="over_length",
+            actor="fault",
+            max_tokens=8,
+            stream=False,
+            status=status,
+        )
 
     fault = OverLengthBurst(OverLengthBurst.Params())
     ctx = FaultContext(target=None, baseline={"probes": [sent("a", 404), sent("b", 400)]})  # type: ignore[arg-type]

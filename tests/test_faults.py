@@ -10,12 +10,12 @@ import httpx
 import pytest
 
 from chaos.journal import Journal
+from chaos.process import group_members, process_state
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.sim.stack import SimStack, SimStackConfig
 from chaos.windows import windows_from_events
 from faults.base import FaultContext
 from faults.registry import FAULTS, build_fault
-from faults.undo import group_members, process_state
 from faults.window import run_window
 from tests.conftest import Traffic, start_stack, wait_until
 
@@ -25,7 +25,10 @@ pytestmark = pytest.mark.integration
 # machine a request caught by the stall may reach decode a moment after it began.
 STALL_S = 6.0
 FAULT_STACK = SimStackConfig(
-    worker=WorkerSettings(transfer_tokens_per_s=20000.0, timeouts=replace(TransferTimeouts(), waiting_timeout_s=2.0, bootstrap_timeout_s=3.0)),
+    worker=WorkerSettings(
+        transfer_tokens_per_s=20000.0,
+        timeouts=replace(TransferTimeouts(), waiting_timeout_s=2.0, bootstrap_timeout_s=3.0),
+    ),
 )
 
 
@@ -53,7 +56,9 @@ def _pools_idle(stack: SimStack) -> bool:
 def test_transfer_stall_is_confirmed_healed_and_journaled(stack: SimStack, tmp_path: Path) -> None:
     fault = build_fault("transfer_stall", {"role": "prefill"}, "faults[0]")
     with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url) as traffic:
-        wait_until(lambda: traffic.statuses, timeout_s=30, what="traffic flowing before the stall")  # else nothing waits on it
+        wait_until(
+            lambda: traffic.statuses, timeout_s=30, what="traffic flowing before the stall"
+        )  # else nothing waits on it
         result = run_window(fault, _ctx(stack, journal, "w1"), duration_s=STALL_S)
         assert result.confirmation.confirmed, result.confirmation.evidence
         assert result.healed and not result.leftovers
@@ -64,15 +69,23 @@ def test_transfer_stall_is_confirmed_healed_and_journaled(stack: SimStack, tmp_p
     wait_until(lambda: _pools_idle(stack), timeout_s=30, what="pools back at baseline after the stall")
 
 
-def test_an_attached_deployment_is_stalled_through_the_pid_and_log_its_campaign_gives(stack: SimStack, tmp_path: Path) -> None:
+def test_an_attached_deployment_is_stalled_through_the_pid_and_log_its_campaign_gives(
+    stack: SimStack, tmp_path: Path
+) -> None:
     """Attach mode with `processes:`: the suite did not launch it, yet it can pause, read and resume it."""
-    from chaos.campaign import AttachedProcess
     from chaos.targets.attach import AttachTarget
+    from chaos.targets.spec import AttachedProcess
 
-    given = [AttachedProcess(role=role, pid=stack.procs[role].pid, log=str(stack.log_dir / f"{role}.log"))
-             for role in ("prefill", "decode")]
-    target = AttachTarget(stack.router_url, [("prefill", stack.worker_url("prefill")), ("decode", stack.worker_url("decode"))],
-                          tmp_path, processes_given=given)
+    given = [
+        AttachedProcess(role=role, pid=stack.procs[role].pid, log=str(stack.log_dir / f"{role}.log"))
+        for role in ("prefill", "decode")
+    ]
+    target = AttachTarget(
+        stack.router_url,
+        [("prefill", stack.worker_url("prefill")), ("decode", stack.worker_url("decode"))],
+        tmp_path,
+        processes_given=given,
+    )
     assert "decode" in target.logs("decode").lower()
     fault = build_fault("transfer_stall", {"role": "prefill"}, "faults[0]")
     with Journal.create(tmp_path / "run") as journal, Traffic(stack.router_url) as traffic:
@@ -101,7 +114,9 @@ def test_process_kill_confirms_down_and_heal_restarts(stack: SimStack, tmp_path:
     assert result.confirmation.confirmed, result.confirmation.evidence
     assert result.healed and not result.leftovers
     assert stack.procs["prefill"].pid != old_pid and stack.procs["prefill"].alive()
-    r = httpx.post(f"{stack.router_url}/generate", json={"text": "back?", "sampling_params": {"max_new_tokens": 4}}, timeout=30)
+    r = httpx.post(
+        f"{stack.router_url}/generate", json={"text": "back?", "sampling_params": {"max_new_tokens": 4}}, timeout=30
+    )
     assert r.status_code == 200
 
 
@@ -133,16 +148,21 @@ def test_engine_failure_probability_is_confirmed_by_the_engine_logs(stack: SimSt
     assert stack.role_settings("decode")["env"] == {}
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"role": "nowhere"}, "is not one of"),
-    ({"rol": "prefill"}, "unknown parameter"),
-    ({"probability": 2.0}, "must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"role": "nowhere"}, "is not one of"),
+        ({"rol": "prefill"}, "unknown parameter"),
+        ({"probability": 2.0}, "must be in (0, 1]"),
+    ],
+)
 def test_bad_fault_parameters_name_the_field(params: dict, message: str) -> None:
     from chaos.errors import UsageError
 
     name = "engine_failure" if "probability" in params else "transfer_stall"
-    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(
+        UsageError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
+    ):
         build_fault(name, params, "faults[3]")
 
 
@@ -158,13 +178,13 @@ def test_the_abort_timing_reads_the_transfer_latency_of_real_sglang_loads() -> N
     from types import SimpleNamespace
 
     from chaos.targets.base import Endpoints, WorkerEndpoint
-    from faults.traffic import transfer_latency_s
+    from faults.traffic.client_abort import transfer_latency_s
 
     loads = json.loads((Path(__file__).parent / "fixtures/sglang/cpu-0.5.23/loads_prefill_idle.json").read_text())
     loads["loads"][0]["disaggregation"]["kv_transfer_latency_ms"] = 42.0
 
     class Loads(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             body = json.dumps(loads).encode()
             self.send_response(200)
             self.send_header("content-length", str(len(body)))

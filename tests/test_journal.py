@@ -69,14 +69,10 @@ def wait_until(predicate, timeout_s: float = 5.0) -> bool:  # type: ignore[no-un
 
 def test_requests_events_and_meta_round_trip(tmp_path: Path) -> None:
     records = [full_record(i) for i in range(5)]
-    records.append(
-        RequestRecord(id="req-aborted", request_index=99, outcome="info", error_class="ReadTimeout")
-    )
+    records.append(RequestRecord(id="req-aborted", request_index=99, outcome="info", error_class="ReadTimeout"))
     with Journal.create(tmp_path / "run") as journal:
         journal.append_requests(records)
-        fault = journal.append_event(
-            JournalEvent(kind=EventKind.FAULT, name="stall_prefill", data={"pid": 42}, t=5.0)
-        )
+        fault = journal.append_event(JournalEvent(kind=EventKind.FAULT, name="stall_prefill", data={"pid": 42}, t=5.0))
         heal = journal.append_event(JournalEvent(kind="heal", name="stall_prefill"))
         journal.set_meta("campaign", {"name": "default", "seed": 7})
         journal.set_meta("seed", 7)
@@ -105,9 +101,7 @@ def test_filters_paging_and_counts(tmp_path: Path) -> None:
     with Journal.create(tmp_path) as journal:
         for i in range(20):
             outcome = (Outcome.OK, Outcome.FAIL, Outcome.INFO)[i % 3]
-            journal.append_request(
-                RequestRecord(id=f"r{i}", request_index=i, outcome=outcome, phase=f"p{i % 2}")
-            )
+            journal.append_request(RequestRecord(id=f"r{i}", request_index=i, outcome=outcome, phase=f"p{i % 2}"))
         for i in range(10):
             journal.append_event(JournalEvent(kind="probe" if i % 2 else "phase", name=f"e{i}"))
 

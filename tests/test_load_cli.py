@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -13,8 +14,8 @@ import psutil
 import pytest
 
 from chaos.journal import Journal, JournalError
-from chaos.targets.state import stop_from_state
 from chaos.targets.sim.stack import SimStack
+from chaos.targets.state import stop_from_state
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -29,10 +30,31 @@ def _locust_processes() -> list[int]:
 def test_two_actors_journal_every_request_locust_sent(tmp_path: Path) -> None:
     """With a relative --out: the actors and Locust run elsewhere, and must write where it means here."""
     out = tmp_path / "load"
-    result = subprocess.run([sys.executable, "-m", "chaos.cli", "load", "--target", "sim", "--profile", "mixed",
-                             "--users", "6", "--actors", "2", "--duration", "12s", "--out", "load"],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "chaos.cli",
+            "load",
+            "--target",
+            "sim",
+            "--profile",
+            "mixed",
+            "--users",
+            "6",
+            "--actors",
+            "2",
+            "--duration",
+            "12s",
+            "--out",
+            "load",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["requests"] > 20
@@ -60,12 +82,31 @@ def _journaled(run_dir: Path) -> int:
 
 def test_a_sigkilled_driver_leaves_a_journal_with_the_finished_requests(tmp_path: Path) -> None:
     out = tmp_path / "load"
-    driver = subprocess.Popen([sys.executable, "-m", "chaos.cli", "load", "--target", "sim", "--users", "4",
-                               "--duration", "60s", "--out", str(out)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "chaos.cli",
+            "load",
+            "--target",
+            "sim",
+            "--users",
+            "4",
+            "--duration",
+            "60s",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     family: list[psutil.Process] = []
     try:
-        seen = wait_until(lambda: _journaled(out) >= 20 and _journaled(out), timeout_s=120, what="20 journaled requests")
+        seen = wait_until(
+            lambda: _journaled(out) >= 20 and _journaled(out), timeout_s=120, what="20 journaled requests"
+        )
         family = psutil.Process(driver.pid).children(recursive=True)  # the local Ray it started, among others
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(10)
@@ -79,10 +120,8 @@ def test_a_sigkilled_driver_leaves_a_journal_with_the_finished_requests(tmp_path
         # A SIGKILLed driver cannot stop the local Ray it started. Not `ray stop`: it would stop
         # every Ray session on the machine, other runs' included.
         for orphan in family:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 orphan.kill()
-            except psutil.NoSuchProcess:
-                pass
 
 
 def test_a_load_cut_short_ends_at_the_next_poll_and_journals_why(tmp_path: Path, sim_stack: SimStack) -> None:
@@ -91,17 +130,25 @@ def test_a_load_cut_short_ends_at_the_next_poll_and_journals_why(tmp_path: Path,
     import threading
 
     from chaos.load import LoadPlan, run_load
-    from chaos.oracles.canary import new_run_prefix
+    from chaos.markers import new_run_prefix
     from chaos.targets.discovery import discover_facts
     from loadprofiles.profiles import PROFILES
 
     url = sim_stack.router_url
-    plan = LoadPlan(target_url=url, facts=discover_facts(url, ()), profile=PROFILES["canary-chat"],
-                    run_prefix=new_run_prefix(), users=2, duration_s=120.0, max_tokens=8)
+    plan = LoadPlan(
+        target_url=url,
+        facts=discover_facts(url, ()),
+        profile=PROFILES["canary-chat"],
+        run_prefix=new_run_prefix(),
+        users=2,
+        duration_s=120.0,
+        max_tokens=8,
+    )
     cut = threading.Event()
     with Journal.create(tmp_path / "run") as journal:
-        outcome = run_load(plan, tmp_path / "run", journal, on_started=lambda _: threading.Timer(3.0, cut.set).start(),
-                           cut_short=cut)
+        outcome = run_load(
+            plan, tmp_path / "run", journal, on_started=lambda _: threading.Timer(3.0, cut.set).start(), cut_short=cut
+        )
         ends = [e for e in journal.iter_events(kind="phase") if e.name == "load:end"]
         started = journal.get_meta("load_started_at")
     assert outcome.cut_short and not outcome.interrupted

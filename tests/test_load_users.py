@@ -26,11 +26,12 @@ import pytest
 from aiohttp import web
 
 from chaos.journal import Journal, Outcome, RequestRecord
-from chaos.oracles.canary import MarkerCodec, new_run_prefix
+from chaos.markers import MarkerCodec, new_run_prefix
 from chaos.process import free_port
+from chaos.targets.discovery import TargetFacts
 from chaos.targets.sim.stack import SimStack
 from chaos.targets.sim.tokenizer import tokenize
-from loadprofiles.config import CONFIG_ENV, LoadConfig, ShapeSpec, Stage, TargetFacts
+from loadprofiles.config import CONFIG_ENV, LoadConfig, ShapeSpec, Stage
 from loadprofiles.prompts import PromptFactory
 from loadprofiles.shapes import users_at
 
@@ -69,7 +70,16 @@ def facts_of(stack: SimStack) -> TargetFacts:
     )
 
 
-def config_for(tmp_path: Path, url: str, facts: TargetFacts, mix: dict[str, float], *, users: int = 2, duration_s: float = 5.0, **extra: object) -> LoadConfig:
+def config_for(
+    tmp_path: Path,
+    url: str,
+    facts: TargetFacts,
+    mix: dict[str, float],
+    *,
+    users: int = 2,
+    duration_s: float = 5.0,
+    **extra: object,
+) -> LoadConfig:
     return LoadConfig(
         run_prefix=new_run_prefix(),
         target_url=url,
@@ -141,7 +151,13 @@ def test_over_length_prompts_hit_each_threshold_on_the_toy_tokenizer() -> None:
     facts = TargetFacts(context_length=8192, max_total_num_tokens=39312, max_req_input_len=8186)
     factory = PromptFactory(MarkerCodec(new_run_prefix()), seed=3, facts=facts)
     by_name = {t.name: t for t in factory.thresholds()}
-    assert set(by_name) == {"at_context_length", "over_context_length", "at_max_total_num_tokens", "over_max_total_num_tokens", "band_max_req_input_len"}
+    assert set(by_name) == {
+        "at_context_length",
+        "over_context_length",
+        "at_max_total_num_tokens",
+        "over_max_total_num_tokens",
+        "band_max_req_input_len",
+    }
     for i, threshold in enumerate(by_name.values()):
         prompt = factory.over_length(i, threshold)
         tokens = len(tokenize(prompt.as_text()))
@@ -180,8 +196,15 @@ def test_canary_chat_markers_round_trip(sim_stack: SimStack, tmp_path: Path) -> 
     run = run_locust(config)
     check_every_record(run)
     assert 4.5 < run.wall_s < 20  # the shape ran the show: no --users, no --run-time
-    assert all(r.outcome is Outcome.OK for r in run.records if r.error_class != "load_stopped"), Counter(r.error_class for r in run.records)
-    assert {(r.endpoint, r.stream) for r in run.records} >= {("/generate", True), ("/generate", False), ("/v1/chat/completions", True), ("/v1/completions", False)}
+    assert all(r.outcome is Outcome.OK for r in run.records if r.error_class != "load_stopped"), Counter(
+        r.error_class for r in run.records
+    )
+    assert {(r.endpoint, r.stream) for r in run.records} >= {
+        ("/generate", True),
+        ("/generate", False),
+        ("/v1/chat/completions", True),
+        ("/v1/completions", False),
+    }
     repeats = [r for r in ok(run.records) if "repeat" in r.prompt.lower()]
     assert len(repeats) >= 5
     for r in repeats:  # the toy model copies its prompt: its own head marker comes back out
@@ -219,7 +242,16 @@ def test_over_length_is_rejected_at_every_threshold(sim_stack: SimStack, tmp_pat
         assert r.outcome is Outcome.FAIL and r.status is not None and 400 <= r.status < 500, (r.status, r.error_detail)
         assert r.error_detail is not None and r.error_detail.startswith("over_length threshold=")
     names = {r.error_detail.split()[1] for r in judged if r.error_detail}
-    assert names == {f"threshold={n}" for n in ("at_context_length", "over_context_length", "at_max_total_num_tokens", "over_max_total_num_tokens", "band_max_req_input_len")}
+    assert names == {
+        f"threshold={n}"
+        for n in (
+            "at_context_length",
+            "over_context_length",
+            "at_max_total_num_tokens",
+            "over_max_total_num_tokens",
+            "band_max_req_input_len",
+        )
+    }
     band = [r for r in judged if "band_max_req_input_len" in (r.error_detail or "")]
     assert all("exceeds the maximum allowed length" in (r.error_detail or "") for r in band)  # the scheduler check
     # Locust counts an expected rejection as a success (a request cut off by the stop is not one).
@@ -232,12 +264,18 @@ def test_aborting_users_disconnect_and_abort(sim_stack: SimStack, tmp_path: Path
     classes = Counter((r.outcome, r.error_class) for r in run.records)
     assert classes[(Outcome.INFO, "abort")] >= 1, classes
     assert classes[(Outcome.INFO, "disconnect")] >= 2, classes
-    phases = {(r.error_detail or "").split("abort phase=")[1].split()[0] for r in run.records if "abort phase=" in (r.error_detail or "")}
+    phases = {
+        (r.error_detail or "").split("abort phase=")[1].split()[0]
+        for r in run.records
+        if "abort phase=" in (r.error_detail or "")
+    }
     assert phases == {"before_first_byte", "after_first_token", "mid_stream", "abort_request"}
     aborted = [r for r in run.records if r.error_class == "abort"]
     assert all(r.endpoint == "/generate" and "/abort_request at" in (r.error_detail or "") for r in aborted)
     # Every record is judged: an aborted request that still finished says so (ok), never silently.
-    assert all(r.outcome is not Outcome.FAIL for r in run.records), [(r.status, r.error_class, r.error_detail, r.anomaly) for r in run.records if r.outcome is Outcome.FAIL]
+    assert all(r.outcome is not Outcome.FAIL for r in run.records), [
+        (r.status, r.error_class, r.error_detail, r.anomaly) for r in run.records if r.outcome is Outcome.FAIL
+    ]
 
 
 def test_mixed_run_with_two_actors_shares_one_index_space(sim_stack: SimStack, tmp_path: Path) -> None:
@@ -249,13 +287,32 @@ def test_mixed_run_with_two_actors_shares_one_index_space(sim_stack: SimStack, t
     procs = []
     for config in configs:  # two Locust processes at once, as two load actors would run them
         env = {**os.environ, CONFIG_ENV: config.to_json()}
-        argv = [sys.executable, "-m", "locust", "--headless", "-f", LOCUSTFILE, "--json", "--only-summary", "--skip-log"]
-        procs.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        argv = [
+            sys.executable,
+            "-m",
+            "locust",
+            "--headless",
+            "-f",
+            LOCUSTFILE,
+            "--json",
+            "--only-summary",
+            "--skip-log",
+        ]
+        procs.append(
+            subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
     all_indices: list[int] = []
-    for config, proc in zip(configs, procs):
+    for config, proc in zip(configs, procs, strict=True):
         stdout, stderr = proc.communicate(timeout=40)
         lines = Path(config.records_path).read_text().splitlines()
-        run = Run(proc.returncode, 0.0, json.loads(stdout), [RequestRecord(**json.loads(x)) for x in lines], stderr, MarkerCodec(config.run_prefix))
+        run = Run(
+            proc.returncode,
+            0.0,
+            json.loads(stdout),
+            [RequestRecord(**json.loads(x)) for x in lines],
+            stderr,
+            MarkerCodec(config.run_prefix),
+        )
         check_every_record(run)
         assert {r.user_kind for r in run.records} == set(mix)
         assert all(r.request_index % 2 == config.actor_index for r in run.records)
@@ -314,7 +371,9 @@ class GarbageServer:
         if kind == "garbage":
             return web.Response(status=200, text="<html>definitely not json</html>", content_type="text/html")
         if kind == "router_error":
-            return web.Response(status=500, body=b"""data: {'error': {"message":{"error":{"message""", headers=sse_headers)
+            return web.Response(
+                status=500, body=b"""data: {'error': {"message":{"error":{"message""", headers=sse_headers
+            )
         if kind == "huge":
             response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
             await response.prepare(request)
@@ -329,7 +388,11 @@ class GarbageServer:
             return response
         response = web.StreamResponse(status=200, headers=sse_headers)
         await response.prepare(request)
-        chunk = {"text": "partial", "meta_info": {"finish_reason": None}, "choices": [{"index": 0, "text": "partial", "delta": {"content": "partial"}, "finish_reason": None}]}
+        chunk = {
+            "text": "partial",
+            "meta_info": {"finish_reason": None},
+            "choices": [{"index": 0, "text": "partial", "delta": {"content": "partial"}, "finish_reason": None}],
+        }
         await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if kind == "reset":
             assert request.transport is not None
@@ -338,7 +401,11 @@ class GarbageServer:
         if kind == "malformed_lines":
             await response.write(b"data: {broken json\n\nthis is not sse\n\n")
         if kind in ("malformed_lines", "good"):
-            done = {"text": "partial", "meta_info": {"finish_reason": {"type": "length", "length": 1}}, "choices": [{"index": 0, "text": "", "delta": {}, "finish_reason": "length"}]}
+            done = {
+                "text": "partial",
+                "meta_info": {"finish_reason": {"type": "length", "length": 1}},
+                "choices": [{"index": 0, "text": "", "delta": {}, "finish_reason": "length"}],
+            }
             await response.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
         await response.write_eof()  # truncated_sse: a clean end, but no [DONE] and no finish
         return response
@@ -350,16 +417,28 @@ def garbage_server() -> Iterator[GarbageServer]:
         yield server
 
 
-def test_broken_replies_become_anomalies_and_the_users_keep_going(garbage_server: GarbageServer, tmp_path: Path) -> None:
+def test_broken_replies_become_anomalies_and_the_users_keep_going(
+    garbage_server: GarbageServer, tmp_path: Path
+) -> None:
     facts = TargetFacts(model="m", api="sglang", context_length=4096)
-    config = config_for(tmp_path, f"http://127.0.0.1:{garbage_server.port}", facts, {"canary_chat": 1.0}, users=2, duration_s=4.0, request_timeout_s=10.0)
+    config = config_for(
+        tmp_path,
+        f"http://127.0.0.1:{garbage_server.port}",
+        facts,
+        {"canary_chat": 1.0},
+        users=2,
+        duration_s=4.0,
+        request_timeout_s=10.0,
+    )
     run = run_locust(config)
     check_every_record(run)
     anomalies = " ".join(r.anomaly or "" for r in run.records)
     for kind in ("non_json_body", "truncated_stream", "malformed_sse", "body_over_cap"):
         assert kind in anomalies, kind
     classes = Counter(r.error_class for r in run.records)
-    assert {"malformed_body", "truncated_stream", "http_500", "body_over_cap", "disconnect", None} <= set(classes), classes
+    assert {"malformed_body", "truncated_stream", "http_500", "body_over_cap", "disconnect", None} <= set(classes), (
+        classes
+    )
     huge = [r for r in run.records if r.error_class == "body_over_cap"]
     assert all(r.outcome is Outcome.INFO and r.body_bytes is not None and r.body_bytes >= 8 * 1024 * 1024 for r in huge)
     assert all(len(r.response_text) <= 8 * 1024 * 1024 and r.response_text.startswith('{"text": "xxx') for r in huge)
@@ -367,7 +446,8 @@ def test_broken_replies_become_anomalies_and_the_users_keep_going(garbage_server
     router_errors = [r for r in run.records if r.error_class == "http_500" and r.body_bytes]
     assert router_errors
     assert all(r.outcome is Outcome.FAIL and "malformed_sse" in (r.anomaly or "") for r in router_errors), [
-        (r.outcome, r.anomaly, r.error_detail, r.body_bytes) for r in router_errors]
+        (r.outcome, r.anomaly, r.error_detail, r.body_bytes) for r in router_errors
+    ]
     # Each user went on sending after its broken replies.
     for record in huge[:3]:
         later = [r for r in run.records if r.actor == record.actor and (r.t_send or 0) > (record.t_end or 0)]
@@ -383,7 +463,7 @@ def _unavailable(kind: str) -> Iterator[str]:
         return
 
     class NoWorker(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("content-length", 0)))
             body = b'{"error": "No available decode workers"}'
             self.send_response(503)

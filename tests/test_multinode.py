@@ -32,8 +32,10 @@ def cluster() -> Iterator[Any]:
     os.environ.update(RAY_ENV)
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"pdchaos_load": 1},
-                                                        "include_dashboard": False})
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "resources": {"pdchaos_load": 1}, "include_dashboard": False},
+    )
     c.prefill_node = c.add_node(num_cpus=0, resources={"pdchaos_prefill": 1})
     c.decode_node = c.add_node(num_cpus=0, resources={"pdchaos_decode": 1})
     c.wait_for_nodes()
@@ -48,8 +50,12 @@ def cluster() -> Iterator[Any]:
 
 
 def _ask(router_url: str) -> httpx.Response:
-    return httpx.post(f"{router_url}/generate", json={"text": "hello there, repeat after me", "sampling_params": {
-        "max_new_tokens": 4, "temperature": 0}}, timeout=30, trust_env=False)
+    return httpx.post(
+        f"{router_url}/generate",
+        json={"text": "hello there, repeat after me", "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+        timeout=30,
+        trust_env=False,
+    )
 
 
 def test_each_role_starts_acts_and_stops_on_its_own_node(cluster: Any, tmp_path: Path) -> None:
@@ -100,17 +106,16 @@ def test_each_role_starts_acts_and_stops_on_its_own_node(cluster: Any, tmp_path:
 
 
 def test_a_cluster_without_the_role_resources_is_a_clear_setup_error(tmp_path: Path) -> None:
+    import ray
     from ray.cluster_utils import Cluster
 
     from chaos.targets.nodes import RayLauncher
-
-    import ray
 
     if ray.is_initialized():
         ray.shutdown()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
-        with pytest.raises(TargetError, match="pdchaos_prefill.*ray start"):
+        with pytest.raises(TargetError, match=r"pdchaos_prefill.*ray start"):
             RayLauncher(c.address)
     finally:
         if ray.is_initialized():
@@ -131,8 +136,17 @@ def test_stall_heal_reaches_a_remote_group_after_the_driver_is_gone(cluster: Any
     try:
         prefill = stack.processes("prefill")[0]
         journal = Journal.create(tmp_path)
-        journal.append_event(JournalEvent(EventKind.FAULT, "transfer_stall", {
-            "window": "w1", "step": "plan", "undo": [{"kind": "sigcont", "role": "prefill", "pgid": prefill.pgid}]}))
+        journal.append_event(
+            JournalEvent(
+                EventKind.FAULT,
+                "transfer_stall",
+                {
+                    "window": "w1",
+                    "step": "plan",
+                    "undo": [{"kind": "sigcont", "role": "prefill", "pgid": prefill.pgid}],
+                },
+            )
+        )
         journal.close()
         prefill.signal_group(signal.SIGSTOP)
         assert set(prefill.group_states().values()) == {"T"}
@@ -151,18 +165,24 @@ def test_stall_heal_reaches_a_remote_group_after_the_driver_is_gone(cluster: Any
 def test_a_campaign_runs_across_the_cluster_and_records_where_each_role_ran(cluster: Any, tmp_path: Path) -> None:
     """`pdchaos run --ray-address`: roles on their nodes, load actors on the load node, and a PASS
     with the placement in the journal. (Faults acting through the agents are the first test's.)"""
-    from chaos.campaign import parse_campaign
+    from chaos.campaign_validation import parse_campaign
     from chaos.journal import Journal
     from chaos.runner import Runner
 
-    campaign = parse_campaign({
-        "name": "multinode", "seed": 3,
-        "target": {"kind": "sim", "sim": {"waiting_timeout_s": 2, "bootstrap_timeout_s": 3, "transfer_tokens_per_s": 20000}},
-        "load": {"profile": "mixed", "users": 6, "duration": "20s", "max_tokens": 16},
-        "probes": {"count": 4, "interval": "2s"},
-        "oracles": {"enabled": ["canary", "reference", "status", "liveness"]},
-        "report": {"formats": ["json"]},
-    })
+    campaign = parse_campaign(
+        {
+            "name": "multinode",
+            "seed": 3,
+            "target": {
+                "kind": "sim",
+                "sim": {"waiting_timeout_s": 2, "bootstrap_timeout_s": 3, "transfer_tokens_per_s": 20000},
+            },
+            "load": {"profile": "mixed", "users": 6, "duration": "20s", "max_tokens": 16},
+            "probes": {"count": 4, "interval": "2s"},
+            "oracles": {"enabled": ["canary", "reference", "status", "liveness"]},
+            "report": {"formats": ["json"]},
+        }
+    )
     outcome = Runner(campaign, tmp_path / "run", ray_address=cluster.address, progress=False).run()
     assert outcome.verdict.value == "PASS", outcome.reasons
     with Journal.open(tmp_path / "run") as journal:

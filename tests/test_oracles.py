@@ -65,17 +65,35 @@ def words(tag: str, n: int) -> str:
 
 
 def record(rid: str, index: int = 0, **fields: Any) -> RequestRecord:
-    base: dict[str, Any] = {"phase": "load", "user_kind": "canary_chat", "status": 200, "outcome": Outcome.OK,
-                            "finish_reason": "length", "t_send": 1000.0, "t_end": 1000.5, "endpoint": "/generate"}
+    base: dict[str, Any] = {
+        "phase": "load",
+        "user_kind": "canary_chat",
+        "status": 200,
+        "outcome": Outcome.OK,
+        "finish_reason": "length",
+        "t_send": 1000.0,
+        "t_end": 1000.5,
+        "endpoint": "/generate",
+    }
     base.update(fields)
     return RequestRecord(id=rid, request_index=index, **base)
 
 
-def probe_shots(tag: str, count: int, *, phase: str, lengths: list[int] | None = None, max_tokens: int = 24,
-                stream: bool = False) -> list[Shot]:
+def probe_shots(
+    tag: str, count: int, *, phase: str, lengths: list[int] | None = None, max_tokens: int = 24, stream: bool = False
+) -> list[Shot]:
     lengths = lengths or [12 + 5 * i for i in range(count)]
-    return [Shot(index=100 + i, text=f"Please answer. {words(f'{tag}{i}', lengths[i])}", max_tokens=max_tokens,
-                 user_kind="probe", phase=phase, stream=stream) for i in range(count)]
+    return [
+        Shot(
+            index=100 + i,
+            text=f"Please answer. {words(f'{tag}{i}', lengths[i])}",
+            max_tokens=max_tokens,
+            user_kind="probe",
+            phase=phase,
+            stream=stream,
+        )
+        for i in range(count)
+    ]
 
 
 # =================================================================================== reference ====
@@ -118,13 +136,22 @@ def test_reference_passes_on_the_embedded_engine(journal: Journal, sim_stack: Si
 
 
 @integration
-def test_a_baseline_that_does_not_reproduce_is_inconclusive_or_fails_under_asserted_determinism(journal: Journal) -> None:
+def test_a_baseline_that_does_not_reproduce_is_inconclusive_or_fails_under_asserted_determinism(
+    journal: Journal,
+) -> None:
     # A probe's baseline sent twice: once alone, once while other traffic ran into its shared state.
     with serve(Defects(shared_scratch=True)) as server:
         dup = words("dup", 20)
         drive(journal, server.url, [Shot(index=7, text=dup, max_tokens=24, user_kind="probe", phase="baseline")])
-        drive(journal, server.url, [Shot(index=7, text=dup, max_tokens=24, user_kind="probe", phase="baseline"),
-                                    Shot(index=9, text=words("other", 25), max_tokens=24)], concurrent=True)
+        drive(
+            journal,
+            server.url,
+            [
+                Shot(index=7, text=dup, max_tokens=24, user_kind="probe", phase="baseline"),
+                Shot(index=9, text=words("other", 25), max_tokens=24),
+            ],
+            concurrent=True,
+        )
     # Where determinism is not asserted (a real engine without deterministic mode) it proves nothing...
     result = ReferenceOracle().evaluate(context(journal, reference_exact=False))
     assert result.verdict is Verdict.INCONCLUSIVE
@@ -136,15 +163,24 @@ def test_a_baseline_that_does_not_reproduce_is_inconclusive_or_fails_under_asser
 
 
 def test_reference_edges_missing_or_failed_baselines_and_failed_replays(journal: Journal) -> None:
-    journal.append_requests([
-        record("b1", 1, user_kind="probe", phase="baseline", response_text="alpha beta gamma", max_tokens=3),
-        record("r1", 1, user_kind="probe", response_text="alpha beta gamma", max_tokens=3),
-        record("r1-failed", 1, user_kind="probe", status=500, outcome=Outcome.FAIL, response_text=""),
-        record("r1-partial", 1, user_kind="probe", finish_reason="abort", outcome=Outcome.INFO, response_text="alpha be"),
-        record("r2", 2, user_kind="probe", response_text="no baseline for me"),
-        record("b3", 3, user_kind="probe", phase="baseline", status=503, outcome=Outcome.FAIL),
-        record("r3", 3, user_kind="probe", response_text="x"),
-    ])
+    journal.append_requests(
+        [
+            record("b1", 1, user_kind="probe", phase="baseline", response_text="alpha beta gamma", max_tokens=3),
+            record("r1", 1, user_kind="probe", response_text="alpha beta gamma", max_tokens=3),
+            record("r1-failed", 1, user_kind="probe", status=500, outcome=Outcome.FAIL, response_text=""),
+            record(
+                "r1-partial",
+                1,
+                user_kind="probe",
+                finish_reason="abort",
+                outcome=Outcome.INFO,
+                response_text="alpha be",
+            ),
+            record("r2", 2, user_kind="probe", response_text="no baseline for me"),
+            record("b3", 3, user_kind="probe", phase="baseline", status=503, outcome=Outcome.FAIL),
+            record("r3", 3, user_kind="probe", response_text="x"),
+        ]
+    )
     result = ReferenceOracle().evaluate(context(journal))
     assert result.verdict is Verdict.INCONCLUSIVE
     assert result.checked == 2  # r1 and the partial r1; the 500 is not a mismatch and not checked
@@ -153,10 +189,12 @@ def test_reference_edges_missing_or_failed_baselines_and_failed_replays(journal:
 
 
 def test_reference_partial_reply_must_be_a_prefix_of_the_reference(journal: Journal) -> None:
-    journal.append_requests([
-        record("b1", 1, user_kind="probe", phase="baseline", response_text="alpha beta gamma", max_tokens=3),
-        record("r1", 1, user_kind="probe", finish_reason="abort", outcome=Outcome.INFO, response_text="alpha zeta"),
-    ])
+    journal.append_requests(
+        [
+            record("b1", 1, user_kind="probe", phase="baseline", response_text="alpha beta gamma", max_tokens=3),
+            record("r1", 1, user_kind="probe", finish_reason="abort", outcome=Outcome.INFO, response_text="alpha zeta"),
+        ]
+    )
     result = ReferenceOracle().evaluate(context(journal))
     assert result.verdict is Verdict.FAIL
     assert "partial response to r1" in result.findings[0].summary
@@ -168,8 +206,9 @@ def test_reference_tolerance_mode_compares_a_token_prefix_and_a_calibrated_rate(
             j.append_requests([record("b", 1, user_kind="probe", phase="baseline", response_text="a b c d e f")])
             j.append_requests([record(f"ok{i}", 1, user_kind="probe", response_text="a b c d x y") for i in range(9)])
             j.append_requests([record("bad", 1, user_kind="probe", response_text="a q c d e f")])
-            return ReferenceOracle().evaluate(context(j, reference_exact=False, reference_prefix_tokens=4,
-                                                      reference_max_mismatch_rate=max_rate))
+            return ReferenceOracle().evaluate(
+                context(j, reference_exact=False, reference_prefix_tokens=4, reference_max_mismatch_rate=max_rate)
+            )
 
     tolerated = run("tolerated", 0.1)  # 1 of 10 differs within the first 4 tokens: rate 0.1
     assert tolerated.verdict is Verdict.PASS and any("tolerated" in n for n in tolerated.notes)
@@ -187,8 +226,12 @@ OVER_LENGTH = 1500  # words; the toy server's context is 1024
 def test_status_fails_an_over_length_prompt_answered_200(journal: Journal) -> None:
     with serve(Defects(accept_over_length=True)) as server:
         drive(journal, server.url, [Shot(index=1, text=words("warm", 40))])
-        drive(journal, server.url, [Shot(index=10 + i, text=words(f"long{i}", OVER_LENGTH), user_kind="over_length")
-                                    for i in range(3)], concurrent=True)
+        drive(
+            journal,
+            server.url,
+            [Shot(index=10 + i, text=words(f"long{i}", OVER_LENGTH), user_kind="over_length") for i in range(3)],
+            concurrent=True,
+        )
     result = StatusContractOracle().evaluate(context(journal))
     assert result.verdict is Verdict.FAIL
     assert len(fails(result)) == 3
@@ -199,8 +242,15 @@ def test_status_fails_an_over_length_prompt_answered_200(journal: Journal) -> No
 @integration
 def test_status_fails_an_abort_reported_as_length(journal: Journal) -> None:
     with serve(Defects(abort_as_length=True)) as server:
-        drive(journal, server.url, [Shot(index=i, text=words(f"ab{i}", 30), max_tokens=400, user_kind="aborting",
-                                         abort_after_s=0.08) for i in range(3)], concurrent=True)
+        drive(
+            journal,
+            server.url,
+            [
+                Shot(index=i, text=words(f"ab{i}", 30), max_tokens=400, user_kind="aborting", abort_after_s=0.08)
+                for i in range(3)
+            ],
+            concurrent=True,
+        )
     result = StatusContractOracle().evaluate(context(journal))
     assert result.verdict is Verdict.FAIL
     assert len(fails(result)) == 3
@@ -211,11 +261,17 @@ def test_status_fails_an_abort_reported_as_length(journal: Journal) -> None:
 @integration
 def test_status_passes_on_the_clean_server(journal: Journal) -> None:
     with serve() as server:
-        drive(journal, server.url, [Shot(index=10 + i, text=words(f"long{i}", OVER_LENGTH), user_kind="over_length")
-                                    for i in range(3)]
-              + [Shot(index=20 + i, text=words(f"ab{i}", 30), max_tokens=400, user_kind="aborting", abort_after_s=0.08)
-                 for i in range(3)]
-              + [Shot(index=30 + i, text=words(f"ok{i}", 30)) for i in range(3)], concurrent=True)
+        drive(
+            journal,
+            server.url,
+            [Shot(index=10 + i, text=words(f"long{i}", OVER_LENGTH), user_kind="over_length") for i in range(3)]
+            + [
+                Shot(index=20 + i, text=words(f"ab{i}", 30), max_tokens=400, user_kind="aborting", abort_after_s=0.08)
+                for i in range(3)
+            ]
+            + [Shot(index=30 + i, text=words(f"ok{i}", 30)) for i in range(3)],
+            concurrent=True,
+        )
     records = {r.id: r for r in journal.iter_requests()}
     assert {r.status for r in records.values() if r.user_kind == "over_length"} == {400}
     assert {r.finish_reason for r in records.values() if r.user_kind == "aborting"} == {"abort"}
@@ -227,9 +283,13 @@ def test_status_passes_on_the_clean_server(journal: Journal) -> None:
 @integration
 def test_status_passes_on_the_embedded_engine(journal: Journal, sim_stack: SimStack) -> None:
     context_len = sim_stack.settings["decode"].context_length
-    drive(journal, sim_stack.router_url,
-          [Shot(index=1 + i, text="word " * (context_len + 10 * i), user_kind="over_length") for i in range(2)]
-          + [Shot(index=10 + i, text=words(f"simst{i}", 40), max_tokens=12) for i in range(4)], concurrent=True)
+    drive(
+        journal,
+        sim_stack.router_url,
+        [Shot(index=1 + i, text="word " * (context_len + 10 * i), user_kind="over_length") for i in range(2)]
+        + [Shot(index=10 + i, text=words(f"simst{i}", 40), max_tokens=12) for i in range(4)],
+        concurrent=True,
+    )
     result = StatusContractOracle().evaluate(context(journal))
     assert result.verdict is Verdict.PASS, result
     assert result.checked == 6
@@ -243,9 +303,13 @@ def test_status_judges_every_load_prompt_over_the_deployments_limit(journal: Jou
     refuses the same prompts with 400."""
     journal.set_meta("limits", {"context_length": 1024})
     with serve(Defects(accept_over_length=defective)) as server:
-        drive(journal, server.url, [Shot(index=10 + i, text=words(f"pfx{i}", OVER_LENGTH), user_kind="prefix_sharing")
-                                    for i in range(2)] + [Shot(index=20, text=words("short", 40), user_kind="prefix_sharing")],
-              concurrent=True)
+        drive(
+            journal,
+            server.url,
+            [Shot(index=10 + i, text=words(f"pfx{i}", OVER_LENGTH), user_kind="prefix_sharing") for i in range(2)]
+            + [Shot(index=20, text=words("short", 40), user_kind="prefix_sharing")],
+            concurrent=True,
+        )
     result = StatusContractOracle().evaluate(context(journal))
     if defective:
         assert result.verdict is Verdict.FAIL and len(fails(result)) == 2, result
@@ -258,11 +322,13 @@ def test_status_judges_every_load_prompt_over_the_deployments_limit(journal: Jou
 
 
 def test_status_over_the_limit_needs_the_targets_own_count_and_a_known_limit(journal: Journal) -> None:
-    journal.append_requests([
-        record("served", 1, prompt_tokens=3000, completion_tokens=16, max_tokens=16),
-        record("aborted-unserved", 2, prompt_tokens=3000, finish_reason="abort", completion_tokens=0, stream=True),
-        record("no-count", 3, prompt_tokens=None, completion_tokens=16, max_tokens=16),
-    ])
+    journal.append_requests(
+        [
+            record("served", 1, prompt_tokens=3000, completion_tokens=16, max_tokens=16),
+            record("aborted-unserved", 2, prompt_tokens=3000, finish_reason="abort", completion_tokens=0, stream=True),
+            record("no-count", 3, prompt_tokens=None, completion_tokens=16, max_tokens=16),
+        ]
+    )
     assert StatusContractOracle().evaluate(context(journal)).verdict is Verdict.PASS  # no limit known: not judged
     journal.set_meta("limits", {"context_length": 2048, "max_req_input_len": 2042})
     result = StatusContractOracle().evaluate(context(journal))
@@ -273,16 +339,31 @@ def test_status_over_the_limit_needs_the_targets_own_count_and_a_known_limit(jou
 def test_status_edges_5xx_router_loss_in_a_fault_and_unjudged_over_length(journal: Journal) -> None:
     fault_event(journal, "worker_kill", "w1", "inject", t=999.0)
     fault_event(journal, "worker_kill", "w1", "heal", t=1001.0)
-    journal.append_requests([
-        record("ol-500", 1, user_kind="over_length", status=500, outcome=Outcome.FAIL, t_send=2000.0, t_end=2000.1),
-        record("ol-502-fault", 2, user_kind="over_length", status=502, outcome=Outcome.INFO),
-        record("ol-missed", 3, user_kind="over_length", anomaly="over_length_missed: ctx prompt_tokens=10 < 20",
-               completion_tokens=16, max_tokens=16),
-        record("ol-inband", 4, user_kind="over_length", finish_reason="abort", outcome=Outcome.FAIL,
-               completion_tokens=0, stream=True),
-        record("stream-no-usage", 5, finish_reason="length", completion_tokens=None, max_tokens=16),
-        record("short-length", 6, completion_tokens=1, max_tokens=16),
-    ])
+    journal.append_requests(
+        [
+            record("ol-500", 1, user_kind="over_length", status=500, outcome=Outcome.FAIL, t_send=2000.0, t_end=2000.1),
+            record("ol-502-fault", 2, user_kind="over_length", status=502, outcome=Outcome.INFO),
+            record(
+                "ol-missed",
+                3,
+                user_kind="over_length",
+                anomaly="over_length_missed: ctx prompt_tokens=10 < 20",
+                completion_tokens=16,
+                max_tokens=16,
+            ),
+            record(
+                "ol-inband",
+                4,
+                user_kind="over_length",
+                finish_reason="abort",
+                outcome=Outcome.FAIL,
+                completion_tokens=0,
+                stream=True,
+            ),
+            record("stream-no-usage", 5, finish_reason="length", completion_tokens=None, max_tokens=16),
+            record("short-length", 6, completion_tokens=1, max_tokens=16),
+        ]
+    )
     result = StatusContractOracle().evaluate(context(journal))
     by_id = {f.request_id: f for f in result.findings}
     assert set(by_id) == {"ol-500", "short-length"}
@@ -293,10 +374,12 @@ def test_status_edges_5xx_router_loss_in_a_fault_and_unjudged_over_length(journa
 
 def test_status_takes_no_404_or_401_for_a_rejection_of_an_over_length_prompt(journal: Journal) -> None:
     # A server without the route (or behind a gateway without the key) never looked at the prompt.
-    journal.append_requests([
-        record("ol-404", 1, user_kind="over_length", status=404, outcome=Outcome.FAIL),
-        record("ol-401", 2, user_kind="over_length", status=401, outcome=Outcome.FAIL),
-    ])
+    journal.append_requests(
+        [
+            record("ol-404", 1, user_kind="over_length", status=404, outcome=Outcome.FAIL),
+            record("ol-401", 2, user_kind="over_length", status=401, outcome=Outcome.FAIL),
+        ]
+    )
     result = StatusContractOracle().evaluate(context(journal))
     assert result.verdict is Verdict.INCONCLUSIVE and result.checked == 0, result
     assert any("HTTP 404 says nothing about the prompt's length" in n for n in result.notes), result.notes
@@ -310,8 +393,13 @@ def test_status_takes_no_404_or_401_for_a_rejection_of_an_over_length_prompt(jou
 def _usage_run(journal: Journal, url: str, tag: str) -> None:
     repeated = words(f"{tag}rep", 70)
     drive(journal, url, [Shot(index=1, text=repeated, user_kind="probe", phase="baseline")])
-    drive(journal, url, [Shot(index=1, text=repeated, user_kind="probe") for _ in range(5)]
-          + [Shot(index=40 + i, text=words(f"{tag}u{i}", 50)) for i in range(4)], concurrent=True)
+    drive(
+        journal,
+        url,
+        [Shot(index=1, text=repeated, user_kind="probe") for _ in range(5)]
+        + [Shot(index=40 + i, text=words(f"{tag}u{i}", 50)) for i in range(4)],
+        concurrent=True,
+    )
     drive(journal, url, [Shot(index=1, text=repeated, user_kind="probe")])
 
 
@@ -354,16 +442,24 @@ def test_usage_passes_on_the_embedded_engine(journal: Journal, sim_stack: SimSta
 
 
 def test_usage_edges_text_without_tokens_over_limit_and_missing_usage(journal: Journal) -> None:
-    journal.append_requests([
-        record("zero", 1, response_text="hello", completion_tokens=0, prompt_tokens=5),
-        record("over", 2, response_text="a b", completion_tokens=20, max_tokens=16, prompt_tokens=5),
-        record("streamed", 3, response_text="a b", stream=True),  # no usage at all: not checked
-        record("p1", 4, user_kind="probe", phase="baseline", response_text="same", completion_tokens=3, prompt_tokens=4),
-        record("p2", 4, user_kind="probe", response_text="same", completion_tokens=5, prompt_tokens=4),
-    ])
+    journal.append_requests(
+        [
+            record("zero", 1, response_text="hello", completion_tokens=0, prompt_tokens=5),
+            record("over", 2, response_text="a b", completion_tokens=20, max_tokens=16, prompt_tokens=5),
+            record("streamed", 3, response_text="a b", stream=True),  # no usage at all: not checked
+            record(
+                "p1", 4, user_kind="probe", phase="baseline", response_text="same", completion_tokens=3, prompt_tokens=4
+            ),
+            record("p2", 4, user_kind="probe", response_text="same", completion_tokens=5, prompt_tokens=4),
+        ]
+    )
     result = UsageContractOracle().evaluate(context(journal))
     rules = {f.request_id: f.evidence["rule"] for f in result.findings}
-    assert rules == {"zero": "text_without_tokens", "over": "completion_over_limit", "p2": "completion_tokens_inconsistent"}
+    assert rules == {
+        "zero": "text_without_tokens",
+        "over": "completion_over_limit",
+        "p2": "completion_tokens_inconsistent",
+    }
     assert any("no usage" in n for n in result.notes)
 
 
@@ -374,14 +470,21 @@ BASELINE_LENGTHS = [40, 120, 250, 400, 550, 700, 850, 950]
 
 
 def _timing_run(journal: Journal, url: str, tag: str, *, over_length: int) -> None:
-    drive(journal, url, probe_shots(tag, len(BASELINE_LENGTHS), phase="baseline", lengths=BASELINE_LENGTHS,
-                                    max_tokens=8, stream=True))
+    drive(
+        journal,
+        url,
+        probe_shots(tag, len(BASELINE_LENGTHS), phase="baseline", lengths=BASELINE_LENGTHS, max_tokens=8, stream=True),
+    )
     long_prompt = words(f"{tag}cached", 900)
     drive(journal, url, [Shot(index=60, text=long_prompt, max_tokens=8)])
     load = [Shot(index=61 + i, text=words(f"{tag}long{i}", 800), max_tokens=8, stream=i % 2 == 0) for i in range(3)]
     load += [Shot(index=70, text=long_prompt, max_tokens=8)]  # a prefix-cache hit: fast, and rightly so
-    load += [Shot(index=80 + i, text=words(f"{tag}over{i}", over_length), max_tokens=8, user_kind="over_length",
-                  stream=i == 0) for i in range(2)]
+    load += [
+        Shot(
+            index=80 + i, text=words(f"{tag}over{i}", over_length), max_tokens=8, user_kind="over_length", stream=i == 0
+        )
+        for i in range(2)
+    ]
     drive(journal, url, load, concurrent=True)
 
 
@@ -420,8 +523,21 @@ def test_timing_passes_on_the_embedded_engine(journal: Journal, sim_stack: SimSt
 
 def test_timing_is_inconclusive_without_enough_spread_or_points(tmp_path: Path) -> None:
     with Journal.create(tmp_path / "flat") as j:
-        j.append_requests([record(f"b{i}", i, phase="baseline", prompt_tokens=500 + i, cached_tokens=0,
-                                  t_send=1000.0, t_first_token=1000.1, t_end=1000.2) for i in range(8)])
+        j.append_requests(
+            [
+                record(
+                    f"b{i}",
+                    i,
+                    phase="baseline",
+                    prompt_tokens=500 + i,
+                    cached_tokens=0,
+                    t_send=1000.0,
+                    t_first_token=1000.1,
+                    t_end=1000.2,
+                )
+                for i in range(8)
+            ]
+        )
         result = TimingTellOracle().evaluate(context(j))
     assert result.verdict is Verdict.INCONCLUSIVE and "do not spread enough" in result.notes[0]
     with Journal.create(tmp_path / "few") as j:
@@ -431,13 +547,21 @@ def test_timing_is_inconclusive_without_enough_spread_or_points(tmp_path: Path) 
 
 
 def test_timing_does_not_judge_a_repeated_prompt_without_cached_tokens(journal: Journal) -> None:
-    baseline = [record(f"b{n}", n, phase="baseline", prompt_tokens=n, cached_tokens=0, t_send=0.0,
-                       t_first_token=0.01 + n * 1e-4) for n in (100, 300, 500, 700, 900, 1100)]
+    baseline = [
+        record(
+            f"b{n}", n, phase="baseline", prompt_tokens=n, cached_tokens=0, t_send=0.0, t_first_token=0.01 + n * 1e-4
+        )
+        for n in (100, 300, 500, 700, 900, 1100)
+    ]
     fast = {"prompt_tokens": 1000, "cached_tokens": None, "t_send": 10.0, "t_first_token": 10.001, "t_end": 10.002}
-    journal.append_requests(baseline + [
-        record("again1", 50, prompt="shared text", **fast), record("again2", 51, prompt="shared text", **fast),
-        record("unique", 52, prompt="said once", **fast),
-    ])
+    journal.append_requests(
+        baseline
+        + [
+            record("again1", 50, prompt="shared text", **fast),
+            record("again2", 51, prompt="shared text", **fast),
+            record("unique", 52, prompt="said once", **fast),
+        ]
+    )
     result = TimingTellOracle().evaluate(context(journal))
     assert [f.request_id for f in result.findings] == ["unique"]
     assert any("may be a cache hit" in n for n in result.notes)
@@ -447,10 +571,14 @@ def test_timing_does_not_judge_a_repeated_prompt_without_cached_tokens(journal: 
 
 
 # SGLang's format strings (as tests/fixtures/preflight/make_fixtures.py cites them), filled in.
-SGLANG_CORRUPTION_LINE = ("[{ts} TP0] Context corruption detected: Request rid-x (bootstrap_room=4242) received "
-                          "metadata from bootstrap_room=1717. This indicates a metadata buffer index collision.")
-SGLANG_CANARY_LINE = ("[{ts} TP0] kv_canary violation: launch_tag=decode fail_reason=mismatch slot_idx=12 "
-                      "position=3 stored_token=17 expected_token=99")
+SGLANG_CORRUPTION_LINE = (
+    "[{ts} TP0] Context corruption detected: Request rid-x (bootstrap_room=4242) received "
+    "metadata from bootstrap_room=1717. This indicates a metadata buffer index collision."
+)
+SGLANG_CANARY_LINE = (
+    "[{ts} TP0] kv_canary violation: launch_tag=decode fail_reason=mismatch slot_idx=12 "
+    "position=3 stored_token=17 expected_token=99"
+)
 
 
 def _ts(t: float | None = None) -> str:
@@ -460,8 +588,12 @@ def _ts(t: float | None = None) -> str:
 @integration
 def test_integrity_fails_on_corruption_the_server_logs(journal: Journal) -> None:
     with serve(Defects(shared_scratch=True, detect_corruption=True)) as server:
-        drive(journal, server.url, [Shot(index=i, text=words(f"ic{i}", 20), max_tokens=20) for i in range(4)],
-              concurrent=True)
+        drive(
+            journal,
+            server.url,
+            [Shot(index=i, text=words(f"ic{i}", 20), max_tokens=20) for i in range(4)],
+            concurrent=True,
+        )
         logs = {"decode": server.log_text}
     result = EngineIntegrityOracle().evaluate(context(journal, logs))
     assert result.verdict is Verdict.FAIL
@@ -473,8 +605,13 @@ def test_integrity_fails_on_corruption_the_server_logs(journal: Journal) -> None
 @integration
 def test_integrity_passes_on_the_clean_server_log(journal: Journal) -> None:
     with serve(Defects(shared_scratch=False, detect_corruption=True)) as server:
-        drive(journal, server.url, [Shot(index=i, text=words(f"ic{i}", 20), max_tokens=20) for i in range(4)]
-              + [Shot(index=9, text=words("icover", OVER_LENGTH), user_kind="over_length")], concurrent=True)
+        drive(
+            journal,
+            server.url,
+            [Shot(index=i, text=words(f"ic{i}", 20), max_tokens=20) for i in range(4)]
+            + [Shot(index=9, text=words("icover", OVER_LENGTH), user_kind="over_length")],
+            concurrent=True,
+        )
         logs = {"decode": server.log_text}
     assert "[http_server] Error" in logs["decode"]  # the log has lines: they just report no corruption
     result = EngineIntegrityOracle().evaluate(context(journal, logs))
@@ -483,12 +620,16 @@ def test_integrity_passes_on_the_clean_server_log(journal: Journal) -> None:
 
 def test_integrity_reads_sglang_lines_and_needs_something_to_read(journal: Journal) -> None:
     assert log_time("2026-08-16 10:00:00") == time.mktime((2026, 8, 16, 10, 0, 0, 0, 0, -1))
-    log = "\n".join([
-        SGLANG_CANARY_LINE.format(ts="2026-08-16 10:00:01"),
-        ("[2026-08-16 10:00:02 TP0] Prefill transfer failed for request rank=0 req.rid=r1 req.bootstrap_room=7 with "
-        "exception KVTransferError(bootstrap_room=7): Failed to send kv chunk of 7 to 10.0.0.2:17001"),
-        "[2026-08-16 10:00:02] Sync batch data transfer timeout after 30000000000ns",
-    ])
+    log = "\n".join(
+        [
+            SGLANG_CANARY_LINE.format(ts="2026-08-16 10:00:01"),
+            (
+                "[2026-08-16 10:00:02 TP0] Prefill transfer failed for request rank=0 req.rid=r1 req.bootstrap_room=7 with "
+                "exception KVTransferError(bootstrap_room=7): Failed to send kv chunk of 7 to 10.0.0.2:17001"
+            ),
+            "[2026-08-16 10:00:02] Sync batch data transfer timeout after 30000000000ns",
+        ]
+    )
     result = EngineIntegrityOracle().evaluate(context(journal, {"prefill": log}))
     assert result.verdict is Verdict.FAIL and len(result.findings) == 1
     assert result.findings[0].evidence["signal"] == "kv_canary_violation"
@@ -501,15 +642,21 @@ def test_integrity_fails_when_vllm_says_a_decode_read_blocks_it_had_freed(journa
     """vLLM's prefill frees a request's KV when its lease expires; a decode pulling it afterwards
     makes prefill log this ERROR (vllm/.../nixl/pull_worker.py): a read after free. Expiries and
     failed pulls alone are the expected consequence of a fault."""
-    prefill = "\n".join([
-        "(EngineCore pid=4242) WARNING 12-02 15:11:01 [pull_worker.py:702] Releasing expired KV blocks for request cmpl-7-0",
-        "(EngineCore pid=4242) ERROR 12-02 15:11:09 [pull_worker.py:668] Potentially invalid KV blocks for unrecognized "
-        "request cmpl-7-0 were retrieved by a decode worker. They may have expired.",
-    ])
-    decode = "(EngineCore pid=4343) ERROR 12-02 15:11:02 [nixl_connector.py:1460] NIXL transfer failure: handshake_failed"
+    prefill = "\n".join(
+        [
+            "(EngineCore pid=4242) WARNING 12-02 15:11:01 [pull_worker.py:702] Releasing expired KV blocks for request cmpl-7-0",
+            "(EngineCore pid=4242) ERROR 12-02 15:11:09 [pull_worker.py:668] Potentially invalid KV blocks for unrecognized "
+            "request cmpl-7-0 were retrieved by a decode worker. They may have expired.",
+        ]
+    )
+    decode = (
+        "(EngineCore pid=4343) ERROR 12-02 15:11:02 [nixl_connector.py:1460] NIXL transfer failure: handshake_failed"
+    )
     result = EngineIntegrityOracle().evaluate(context(journal, {"prefill": prefill, "decode": decode}))
     assert result.verdict is Verdict.FAIL and [f.evidence["signal"] for f in result.findings] == ["stale_kv_read"]
-    assert any("kv_lease_expired x1" in n for n in result.notes) and any("nixl_transfer_failure x1" in n for n in result.notes)
+    assert any("kv_lease_expired x1" in n for n in result.notes) and any(
+        "nixl_transfer_failure x1" in n for n in result.notes
+    )
     quiet = EngineIntegrityOracle().evaluate(context(journal, {"prefill": prefill.splitlines()[0], "decode": decode}))
     assert quiet.verdict is Verdict.PASS
 
@@ -521,8 +668,13 @@ def test_integrity_fails_when_vllm_says_a_decode_read_blocks_it_had_freed(journa
 def test_liveness_fails_on_a_request_that_hangs(journal: Journal) -> None:
     with serve(Defects(hang_word="STALLME")) as server:
         snapshot_loads(journal, "decode", "idle_before", server.url)
-        drive(journal, server.url, [Shot(index=1, text="please STALLME now " + words("h", 10)),
-                                    Shot(index=2, text=words("fine", 10))], concurrent=True, timeout_s=1.5)
+        drive(
+            journal,
+            server.url,
+            [Shot(index=1, text="please STALLME now " + words("h", 10)), Shot(index=2, text=words("fine", 10))],
+            concurrent=True,
+            timeout_s=1.5,
+        )
     result = LivenessOracle().evaluate(context(journal, request_deadline_s=1.0))
     assert result.verdict is Verdict.FAIL
     hang = [f for f in result.findings if f.request_id and f.request_id.startswith("load-1-")]
@@ -543,9 +695,16 @@ def test_liveness_fails_on_pages_and_queue_entries_leaked_by_aborts(journal: Jou
 
 def _abort_run(journal: Journal, url: str) -> None:
     snapshot_loads(journal, "decode", "idle_before", url)
-    drive(journal, url, [Shot(index=i, text=words(f"lk{i}", 30), max_tokens=400, user_kind="aborting",
-                              abort_after_s=0.05) for i in range(3)]
-          + [Shot(index=10 + i, text=words(f"ok{i}", 30)) for i in range(3)], concurrent=True)
+    drive(
+        journal,
+        url,
+        [
+            Shot(index=i, text=words(f"lk{i}", 30), max_tokens=400, user_kind="aborting", abort_after_s=0.05)
+            for i in range(3)
+        ]
+        + [Shot(index=10 + i, text=words(f"ok{i}", 30)) for i in range(3)],
+        concurrent=True,
+    )
     snapshot_loads(journal, "decode", "after_drain", url)
 
 
@@ -562,14 +721,21 @@ def test_liveness_passes_on_the_embedded_engine(journal: Journal, sim_stack: Sim
     roles = {role: sim_stack.worker_url(role) for role in ("prefill", "decode")}
     for role, url in roles.items():
         snapshot_loads(journal, role, "idle_before", url)
-    drive(journal, sim_stack.router_url, [Shot(index=i, text=words(f"simlv{i}", 60 + 20 * i), max_tokens=16)
-                                          for i in range(12)], concurrent=True)
+    drive(
+        journal,
+        sim_stack.router_url,
+        [Shot(index=i, text=words(f"simlv{i}", 60 + 20 * i), max_tokens=16) for i in range(12)],
+        concurrent=True,
+    )
 
     def drained() -> bool:
         for url in roles.values():
             data = httpx.get(f"{url}/v1/loads").json()
-            if data["num_used_tokens"] or data["num_running_reqs"] or any(
-                    v for k, v in data["disaggregation"].items() if k.endswith("_reqs")):
+            if (
+                data["num_used_tokens"]
+                or data["num_running_reqs"]
+                or any(v for k, v in data["disaggregation"].items() if k.endswith("_reqs"))
+            ):
                 return False
         return True
 
@@ -584,19 +750,28 @@ def test_liveness_passes_on_the_embedded_engine(journal: Journal, sim_stack: Sim
 
 
 def test_liveness_edges_no_end_client_timeout_missing_snapshots_and_dp_ranks(journal: Journal) -> None:
-    journal.append_requests([
-        record("no-end", 1, t_end=None, status=None, outcome=Outcome.INFO),
-        record("gave-up", 2, t_end=1005.0, status=None, outcome=Outcome.INFO, error_class="timeout"),
-        record("cut", 3, t_end=None, status=None, outcome=Outcome.INFO, error_class="load_stopped"),
-    ])
+    journal.append_requests(
+        [
+            record("no-end", 1, t_end=None, status=None, outcome=Outcome.INFO),
+            record("gave-up", 2, t_end=1005.0, status=None, outcome=Outcome.INFO, error_class="timeout"),
+            record("cut", 3, t_end=None, status=None, outcome=Outcome.INFO, error_class="load_stopped"),
+        ]
+    )
     result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
     verdicts = {f.request_id: f.verdict for f in result.findings}
     assert verdicts == {"no-end": Verdict.FAIL, "gave-up": Verdict.INCONCLUSIVE, None: Verdict.INCONCLUSIVE}
     assert any("no probe/loads snapshot with phase after_drain" in n for n in result.notes)
 
-    rank = {"num_running_reqs": 0, "num_waiting_reqs": 0, "num_used_tokens": 0, "disaggregation": {"decode_transfer_queue_reqs": 0}}
+    rank = {
+        "num_running_reqs": 0,
+        "num_waiting_reqs": 0,
+        "num_used_tokens": 0,
+        "disaggregation": {"decode_transfer_queue_reqs": 0},
+    }
     for phase, ranks in (("idle_before", [rank, rank]), ("after_drain", [rank, {**rank, "num_used_tokens": 64}])):
-        journal.append_event(JournalEvent(kind=EventKind.PROBE, name="loads", data={"role": "decode", "phase": phase, "data": ranks}))
+        journal.append_event(
+            JournalEvent(kind=EventKind.PROBE, name="loads", data={"role": "decode", "phase": phase, "data": ranks})
+        )
     result = LivenessOracle().evaluate(context(journal, request_deadline_s=30.0))
     assert any("decode rank 1: num_used_tokens is 64" in s for s in fails(result))
 
@@ -605,11 +780,18 @@ def test_liveness_finds_pages_still_out_at_two_idle_moments_mid_load(journal: Jo
     """A lull mid-load: with no request anywhere, the pages in use (less quarantine) must be back
     at the idle baseline. Two idle samples with the same excess are a leak; one is not (a request
     between two queues holds pages for an instant), nor is a busy sample, nor pages in quarantine."""
+
     def loads(t: float, role: str, phase: str, used: int, *, running: int = 0, held: int = 0) -> None:
-        data = {"num_running_reqs": running, "num_waiting_reqs": 0, "num_used_tokens": used,
-                "quarantined_tokens": held, "disaggregation": {"decode_transfer_queue_reqs": 0}}
-        journal.append_event(JournalEvent(kind=EventKind.PROBE, name="loads", t=t,
-                                          data={"role": role, "phase": phase, "data": data}))
+        data = {
+            "num_running_reqs": running,
+            "num_waiting_reqs": 0,
+            "num_used_tokens": used,
+            "quarantined_tokens": held,
+            "disaggregation": {"decode_transfer_queue_reqs": 0},
+        }
+        journal.append_event(
+            JournalEvent(kind=EventKind.PROBE, name="loads", t=t, data={"role": role, "phase": phase, "data": data})
+        )
 
     for role in ("prefill", "decode"):
         loads(100.0, role, "idle_before", 0)
@@ -632,21 +814,37 @@ def test_liveness_finds_pages_still_out_at_two_idle_moments_mid_load(journal: Jo
     assert leaks[0].evidence["t_snapshot"] == 112.0 and leaks[0].evidence["t_confirmed"] == 112.5
 
 
-
 def test_liveness_counts_requests_queued_for_pages_as_holding_none(journal: Journal) -> None:
     """A decode whose pool leaked full: requests queue for pages (the preallocation queue) that no
     request holds. That is an idle moment, and its excess a leak, long before any lull. Requests
     past the preallocation queue (transfer queue, a waiting count it does not explain, SGLang's
     scheduler waiting queue of transferred requests) do hold pages: not idle."""
-    def loads(t: float, used: int, *, prealloc: int = 0, transfer: int = 0, waiting: int | None = None,
-              sched_waiting: int | None = None) -> None:
-        data: dict[str, Any] = {"num_running_reqs": 0, "num_waiting_reqs": prealloc if waiting is None else waiting,
-                                "num_used_tokens": used,
-                                "disaggregation": {"decode_prealloc_queue_reqs": prealloc, "decode_transfer_queue_reqs": transfer}}
+
+    def loads(
+        t: float,
+        used: int,
+        *,
+        prealloc: int = 0,
+        transfer: int = 0,
+        waiting: int | None = None,
+        sched_waiting: int | None = None,
+    ) -> None:
+        data: dict[str, Any] = {
+            "num_running_reqs": 0,
+            "num_waiting_reqs": prealloc if waiting is None else waiting,
+            "num_used_tokens": used,
+            "disaggregation": {"decode_prealloc_queue_reqs": prealloc, "decode_transfer_queue_reqs": transfer},
+        }
         if sched_waiting is not None:
             data["queues"] = {"waiting": sched_waiting}
-        journal.append_event(JournalEvent(kind=EventKind.PROBE, name="loads", t=t,
-                                          data={"role": "decode", "phase": "during" if t > 100 else "idle_before", "data": data}))
+        journal.append_event(
+            JournalEvent(
+                kind=EventKind.PROBE,
+                name="loads",
+                t=t,
+                data={"role": "decode", "phase": "during" if t > 100 else "idle_before", "data": data},
+            )
+        )
 
     loads(100.0, 0)
     loads(110.0, 4096, prealloc=3, transfer=2)  # transfers hold their pages
@@ -672,6 +870,7 @@ SGLANG_0523 = Path(__file__).parent / "fixtures" / "sglang" / "cpu-0.5.23"
 def _sglang_loads(role: str, **rank_fields: Any) -> dict[str, Any]:
     """Real SGLang 0.5.23's `/v1/loads` (nested `loads: [{dp_rank ...}]`), with fields changed."""
     import json
+
     data = json.loads((SGLANG_0523 / f"loads_{role}_idle.json").read_text())
     data["loads"][0].update(rank_fields)
     return data
@@ -682,6 +881,7 @@ def test_liveness_on_real_sglang_shapes_forward_passes_and_held_back_requests(jo
     `num_active_tokens`; a decode holding pages for a deferred release says so only in
     `/metrics` (journaled as `held_back_reqs`). None of these is a leak; pages out with nothing
     of the kind are."""
+
     def loads(t: float, role: str, phase: str, held: int = 0, **fields: Any) -> None:
         data: dict[str, Any] = {"role": role, "phase": phase, "data": _sglang_loads(role, **fields)}
         if held:
@@ -712,7 +912,8 @@ def test_liveness_on_real_sglang_shapes_forward_passes_and_held_back_requests(jo
 
 
 def test_the_drain_reads_every_rank_of_real_sglang_loads() -> None:
-    from chaos.runner import _idle
+    from chaos.pools import idle as _idle
+
     assert _idle(_sglang_loads("decode")) and _idle(_sglang_loads("prefill"))
     assert not _idle(_sglang_loads("prefill", num_active_tokens=500, num_used_tokens=500))
     assert not _idle(_sglang_loads("decode", disaggregation={"decode_transfer_queue_reqs": 1}))
@@ -723,10 +924,12 @@ def test_the_drain_reads_every_rank_of_real_sglang_loads() -> None:
 def test_status_accepts_a_length_finish_that_filled_the_context(journal: Journal) -> None:
     """SGLang caps max_new_tokens at context - 2 - prompt: a 2,041-token prompt with max_tokens 7
     gets 5 tokens and `length`. That fills the context; 5 of 7 on a short prompt does not."""
-    journal.append_requests([
-        record("capped", 1, prompt_tokens=2041, completion_tokens=5, max_tokens=7),
-        record("short", 2, prompt_tokens=200, completion_tokens=5, max_tokens=7),
-    ])
+    journal.append_requests(
+        [
+            record("capped", 1, prompt_tokens=2041, completion_tokens=5, max_tokens=7),
+            record("short", 2, prompt_tokens=200, completion_tokens=5, max_tokens=7),
+        ]
+    )
     result = StatusContractOracle().evaluate(context(journal))
     assert len(fails(result)) == 2  # the context unknown: neither can be excused
     journal.set_meta("limits", {"context_length": 2048})
@@ -739,8 +942,16 @@ def test_status_accepts_a_length_finish_that_filled_the_context(journal: Journal
 
 
 def test_registry_lists_every_oracle_by_its_name_and_each_runs_on_an_empty_journal(journal: Journal) -> None:
-    assert list(ALL_ORACLES) == ["canary", "reference", "status", "usage", "timing", "integrity", "liveness",
-                                 "tenant_isolation"]
+    assert list(ALL_ORACLES) == [
+        "canary",
+        "reference",
+        "status",
+        "usage",
+        "timing",
+        "integrity",
+        "liveness",
+        "tenant_isolation",
+    ]
     assert ALL_ORACLES["canary"] is CanaryLeakOracle
     oracles = default_oracles()
     assert [o.name for o in oracles] == list(ALL_ORACLES)
@@ -758,16 +969,21 @@ def test_registry_lists_every_oracle_by_its_name_and_each_runs_on_an_empty_journ
 
 
 @integration
-def test_integrity_on_the_embedded_engine_transfer_failures_and_corruption(journal: Journal, sim_stack: SimStack,
-                                                                            tmp_path: Path) -> None:
+def test_integrity_on_the_embedded_engine_transfer_failures_and_corruption(
+    journal: Journal, sim_stack: SimStack, tmp_path: Path
+) -> None:
     decode_url = sim_stack.worker_url("decode")
     snapshot_metrics(journal, "decode", "before", decode_url)
     fault_event(journal, "disagg_failure_prob", "w1", "inject", params={"prob": 0.5})
     original = sim_stack.settings["decode"]
     sim_stack.restart("decode", timeouts=replace(original.timeouts, failure_prob=0.5))
     try:
-        records = drive(journal, sim_stack.router_url, [Shot(index=i, text=words(f"simint{i}", 30), max_tokens=8)
-                                                        for i in range(12)], concurrent=True)
+        records = drive(
+            journal,
+            sim_stack.router_url,
+            [Shot(index=i, text=words(f"simint{i}", 30), max_tokens=8) for i in range(12)],
+            concurrent=True,
+        )
         fault_event(journal, "disagg_failure_prob", "w1", "confirm", confirmed=True)
         snapshot_metrics(journal, "decode", "after", decode_url)
         logs = {"prefill": sim_stack.logs("prefill"), "decode": sim_stack.logs("decode")}
@@ -799,8 +1015,10 @@ def test_integrity_on_the_embedded_engine_transfer_failures_and_corruption(journ
     corrupt = dict(logs)
     corrupt["decode"] += SGLANG_CORRUPTION_LINE.format(ts=_ts()) + "\n"
     corrupt["decode"] += f"[{_ts()} TP0] KV checksum mismatch for bootstrap_room=99: sent 1, landed 2\n"
-    corrupt["decode"] += (f"[{_ts()} TP0] Decode transfer failed for request rank=0 req.rid=z req.bootstrap_room=99 with "
-                          "exception KVTransferError(bootstrap_room=99): KV checksum mismatch (sent 1, landed 2)\n")
+    corrupt["decode"] += (
+        f"[{_ts()} TP0] Decode transfer failed for request rank=0 req.rid=z req.bootstrap_room=99 with "
+        "exception KVTransferError(bootstrap_room=99): KV checksum mismatch (sent 1, landed 2)\n"
+    )
     result = EngineIntegrityOracle().evaluate(context(journal, corrupt))
     assert result.verdict is Verdict.FAIL
     signals = sorted(f.evidence["signal"] for f in result.findings)
@@ -811,47 +1029,71 @@ def test_integrity_on_the_embedded_engine_transfer_failures_and_corruption(journ
 def test_liveness_reads_real_sglangs_nested_loads_and_never_passes_on_a_shape_it_cannot_read(tmp_path: Path) -> None:
     """SGLang 0.5.23's /v1/loads nests the counters under `loads: [{dp_rank, ...}]`; an answer
     with none of the counters the oracle reads is INCONCLUSIVE, not a PASS."""
-    from chaos.oracles.liveness import LivenessOracle, loads_ranks
+    from chaos.facts.endpoints import loads_ranks
+    from chaos.oracles.liveness import LivenessOracle
 
-    nested = {"timestamp": "x", "loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0, "num_used_tokens": 96}]}
+    nested = {
+        "timestamp": "x",
+        "loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0, "num_used_tokens": 96}],
+    }
     assert [r["dp_rank"] for r in loads_ranks(nested)] == [0]
     for after, verdict in ((nested, "FAIL"), ({"timestamp": "x", "something_else": 1}, "INCONCLUSIVE")):
         with Journal.create(tmp_path / verdict) as journal:
-            for phase, data in (("idle_before", {"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_used_tokens": 0}]}),
-                                ("after_drain", after)):
-                journal.append_event(JournalEvent(EventKind.PROBE, "loads", {"role": "decode", "phase": phase, "data": data}))
+            for phase, data in (
+                ("idle_before", {"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_used_tokens": 0}]}),
+                ("after_drain", after),
+            ):
+                journal.append_event(
+                    JournalEvent(EventKind.PROBE, "loads", {"role": "decode", "phase": phase, "data": data})
+                )
             journal.flush()
-            result = LivenessOracle().evaluate(OracleContext(journal=journal, run_prefix="ABCD", logs={}, settings=OracleSettings()))
+            result = LivenessOracle().evaluate(
+                OracleContext(journal=journal, run_prefix="ABCD", logs={}, settings=OracleSettings())
+            )
         assert result.verdict.value == verdict, result
 
 
 def test_a_target_that_generates_nothing_with_requests_queued_is_wedged_and_liveness_fails_it(tmp_path: Path) -> None:
-    """The runner's progress watchdog: outside fault windows and lulls, no request generated
-    anything for `gates.wedged_after_s` while a worker reports queued requests."""
-    from chaos.campaign import parse_campaign
-    from chaos.runner import Runner
+    """The runner's progress watchdog (chaos/watchdog.py): outside fault windows and lulls, no
+    request generated anything for `gates.wedged_after_s` while a worker reports queued requests."""
+    from chaos.campaign_validation import parse_campaign
+    from chaos.watchdog import ProgressWatchdog
 
-    campaign = parse_campaign({"name": "w", "target": {"kind": "sim"}, "load": {"profile": "canary-chat", "duration": "60s"},
-                               "gates": {"wedged_after_s": 5}}, "w")
-    runner = Runner(campaign, tmp_path / "run", progress=False)
-    runner.journal = Journal.create(tmp_path / "run")
-    queued = {"decode": {"num_running_reqs": 0, "num_waiting_reqs": 18, "num_used_tokens": 37000, "max_total_num_tokens": 39312}}
+    campaign = parse_campaign(
+        {
+            "name": "w",
+            "target": {"kind": "sim"},
+            "load": {"profile": "canary-chat", "duration": "60s"},
+            "gates": {"wedged_after_s": 5},
+        },
+        "w",
+    )
+    journal = Journal.create(tmp_path / "run")
+    watchdog = ProgressWatchdog(journal, campaign.gates.wedged_after_s, say=print)
+    queued = {
+        "decode": {
+            "num_running_reqs": 0,
+            "num_waiting_reqs": 18,
+            "num_used_tokens": 37000,
+            "max_total_num_tokens": 39312,
+        }
+    }
     now = time.time()
-    runner.last_answer = runner.quiet_since_window = now - 4
-    runner._watch_progress(queued, t=30.0)
-    assert not runner.wedged.is_set()  # not yet: 4 s of quiet
-    runner.active_fault = "transfer_stall#w1"
-    runner.last_answer = runner.quiet_since_window = now - 60
-    runner._watch_progress(queued, t=30.0)
-    assert not runner.wedged.is_set()  # a fault window may stop answers on purpose
-    runner.active_fault = None
-    runner._watch_progress({"decode": {"num_running_reqs": 0, "num_waiting_reqs": 0}}, t=30.0)
-    assert not runner.wedged.is_set()  # nothing queued: nobody is waiting
-    runner._watch_progress(queued, t=30.0)
-    assert runner.wedged.is_set()
-    runner.journal.flush()
-    result = LivenessOracle().evaluate(OracleContext(journal=runner.journal, run_prefix="ABCD", logs={}, settings=OracleSettings()))
-    runner.journal.close()
+    watchdog.last_answer = watchdog.quiet_since_window = now - 4
+    watchdog.check(queued, excused=False)
+    assert not watchdog.wedged.is_set()  # not yet: 4 s of quiet
+    watchdog.last_answer = watchdog.quiet_since_window = now - 60
+    watchdog.check(queued, excused=True)  # inside the window transfer_stall#w1
+    assert not watchdog.wedged.is_set()  # a fault window may stop answers on purpose
+    watchdog.check({"decode": {"num_running_reqs": 0, "num_waiting_reqs": 0}}, excused=False)
+    assert not watchdog.wedged.is_set()  # nothing queued: nobody is waiting
+    watchdog.check(queued, excused=False)
+    assert watchdog.wedged.is_set()
+    journal.flush()
+    result = LivenessOracle().evaluate(
+        OracleContext(journal=journal, run_prefix="ABCD", logs={}, settings=OracleSettings())
+    )
+    journal.close()
     wedged = [f for f in result.findings if "stopped making progress" in f.summary]
     assert result.verdict is Verdict.FAIL and wedged, result
     assert "queued (decode 18)" in wedged[0].summary and "decode pool 37000/39312" in wedged[0].summary

@@ -13,14 +13,23 @@ from chaos.cli import main
 
 
 def _our_servers() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["cmdline"])
-            if any(part in ("chaos.targets.sim.worker", "sglang_router.launch_router") for part in (p.info["cmdline"] or []))}
+    return {
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any(
+            part in ("chaos.targets.sim.worker", "sglang_router.launch_router") for part in (p.info["cmdline"] or [])
+        )
+    }
 
 
 def test_plan_lists_every_process_of_the_embedded_stack_and_starts_none(tmp_path: Path) -> None:
     before = _our_servers()
-    out = subprocess.run([sys.executable, "-m", "chaos.cli", "plan", "campaigns/default.yaml", "--json", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "plan", "campaigns/default.yaml", "--json", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     plan = [json.loads(line) for line in out.stdout.splitlines()]
     names = [p["name"] for p in plan]

@@ -1,4 +1,4 @@
-"""`pdchaos preflight`: the readers in chaos/facts.py, the rule in chaos/preflight.py, the CLI.
+"""`pdchaos preflight`: the readers in chaos/facts/, the rule in chaos/preflight.py, the CLI.
 
 Log fixtures live in tests/fixtures/preflight/ and are generated from SGLang's format strings by
 make_fixtures.py there (a test below keeps them in sync).
@@ -23,32 +23,24 @@ import pytest
 from aiohttp import web
 
 from chaos import cli
-from chaos.cli_preflight import register
+from chaos.cli.preflight import register
 from chaos.errors import UsageError
-from chaos.facts import (
+from chaos.facts.endpoints import parse_models, parse_server_info
+from chaos.facts.log_facts import parse_kv_alloc_line, parse_server_args_line, parse_startup_line
+from chaos.facts.log_records import parse_rank, split_log_line, strip_ansi
+from chaos.facts.log_starts import (
     BOUNDARY_AFTER_READY,
     BOUNDARY_BANNER,
     BOUNDARY_FIRST,
     BOUNDARY_RANK_AGAIN,
-    PrometheusParseError,
-    find_samples,
-    parse_kv_alloc_line,
     parse_log,
-    parse_models,
-    parse_prometheus_text,
-    parse_rank,
-    parse_server_args_line,
-    parse_server_info,
-    parse_startup_line,
     read_log,
-    read_pool_metrics,
-    split_log_line,
-    strip_ansi,
-    to_int,
 )
+from chaos.facts.pool_metrics import read_pool_metrics
+from chaos.facts.prometheus import PrometheusParseError, find_samples, parse_prometheus_text
+from chaos.facts.values import to_int
 from chaos.preflight import (
     PreflightInputs,
-    Status,
     check_log,
     check_url,
     compute_band,
@@ -56,6 +48,7 @@ from chaos.preflight import (
     judge_pool,
     run_preflight,
 )
+from chaos.verdict import Verdict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
 POOL, CONTEXT = 681280, 1048576  # the incident's numbers
@@ -96,21 +89,25 @@ def test_committed_fixtures_match_their_generator() -> None:
         ("[2026-08-16 10:00:00 TP0] hello", "2026-08-16 10:00:00", "TP0", "hello"),
         ("[2026-08-16 10:00:00 DP0 TP1] hello", "2026-08-16 10:00:00", "DP0 TP1", "hello"),
         ("[2026-08-16 10:00:00 TP3 EP3] hello", "2026-08-16 10:00:00", "TP3 EP3", "hello"),
-        ("[2026-08-16 10:00:00 DP1 PP0 ATTN_CP1 TP2] x=1", "2026-08-16 10:00:00",
-         "DP1 PP0 ATTN_CP1 TP2", "x=1"),
-        ("[2026-08-16 10:00:00] The server is fired up", "2026-08-16 10:00:00", "",
-         "The server is fired up"),
+        ("[2026-08-16 10:00:00 DP1 PP0 ATTN_CP1 TP2] x=1", "2026-08-16 10:00:00", "DP1 PP0 ATTN_CP1 TP2", "x=1"),
+        ("[2026-08-16 10:00:00] The server is fired up", "2026-08-16 10:00:00", "", "The server is fired up"),
         ("plain line with no header", None, "", "plain line with no header"),
-        ("\x1b[32m[2026-08-16 10:00:00 TP0]\x1b[0m \x1b[1mbold\x1b[0m\n", "2026-08-16 10:00:00",
-         "TP0", "bold"),
-        ("2026-08-16T10:00:00.123456789Z prefill-0 | [2026-08-16 10:00:00,123 DP0 TP0] m",
-         "2026-08-16 10:00:00,123", "DP0 TP0", "m"),
+        ("\x1b[32m[2026-08-16 10:00:00 TP0]\x1b[0m \x1b[1mbold\x1b[0m\n", "2026-08-16 10:00:00", "TP0", "bold"),
+        (
+            "2026-08-16T10:00:00.123456789Z prefill-0 | [2026-08-16 10:00:00,123 DP0 TP0] m",
+            "2026-08-16 10:00:00,123",
+            "DP0 TP0",
+            "m",
+        ),
     ],
 )
 def test_split_log_line(line: str, timestamp: str | None, rank: str, message: str) -> None:
     record = split_log_line(line, lineno=7)
     assert (record.lineno, record.timestamp, record.rank, record.message) == (
-        7, timestamp, rank, message,
+        7,
+        timestamp,
+        rank,
+        message,
     )
 
 
@@ -129,7 +126,9 @@ def test_parse_startup_line_gpu_cpu_and_older_formats() -> None:
     assert gpu is not None
     assert (gpu.max_total_num_tokens, gpu.context_len) == (POOL, CONTEXT)
     assert (gpu.chunked_prefill_size, gpu.max_prefill_tokens, gpu.max_running_requests) == (
-        8192, 16384, 128,
+        8192,
+        16384,
+        128,
     )
     assert (gpu.available_mem_gb, gpu.mem_device) == (11.8, "gpu")
 
@@ -157,17 +156,24 @@ def test_parse_startup_line_gpu_cpu_and_older_formats() -> None:
 
 def test_parse_kv_alloc_line_variants() -> None:
     mha = parse_kv_alloc_line(
-        "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 402816, "
-        "K size: 10.65 GB, V size: 10.65 GB"
+        "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 402816, K size: 10.65 GB, V size: 10.65 GB"
     )
     assert mha is not None
     assert (mha.tokens, mha.dtype, mha.k_size_gb, mha.v_size_gb, mha.kv_size_gb) == (
-        402816, "torch.bfloat16", 10.65, 10.65, None,
+        402816,
+        "torch.bfloat16",
+        10.65,
+        10.65,
+        None,
     )
     mla = parse_kv_alloc_line("KV Cache is allocated. #tokens: 383872, KV size: 19.36 GB")
     assert mla is not None
     assert (mla.tokens, mla.dtype, mla.k_size_gb, mla.v_size_gb, mla.kv_size_gb) == (
-        383872, None, None, None, 19.36,
+        383872,
+        None,
+        None,
+        None,
+        19.36,
     )
     assert parse_kv_alloc_line("Memory pool end. avail mem=12.00 GB") is None
 
@@ -216,7 +222,8 @@ def test_restarts_are_split_by_each_rule() -> None:
     fail_then_ok = read_log(fixture("restarts_fail_then_ok.log"))
     assert [s.boundary for s in fail_then_ok] == [BOUNDARY_BANNER, BOUNDARY_BANNER]
     assert [(s.pool_tokens, s.context_len) for s in fail_then_ok] == [
-        (POOL, CONTEXT), (POOL, 524288),
+        (POOL, CONTEXT),
+        (POOL, 524288),
     ]
 
     ok_then_fail = read_log(fixture("restarts_ok_then_fail.log"))
@@ -234,8 +241,7 @@ def test_restarts_are_split_by_each_rule() -> None:
 def test_parse_log_plain_lines_crlf_and_implicit_start() -> None:
     lines = [
         "some preamble\r\n",
-        "max_total_num_tokens=1000, max_prefill_tokens=16, max_running_requests=4, "
-        "context_len=900\r\n",
+        "max_total_num_tokens=1000, max_prefill_tokens=16, max_running_requests=4, context_len=900\r\n",
         "The server is fired up and ready to roll!\r\n",
     ]
     starts = parse_log(lines)
@@ -248,10 +254,7 @@ def test_parse_log_plain_lines_crlf_and_implicit_start() -> None:
 
 def test_facts_quoted_inside_a_message_are_not_facts() -> None:
     """With --log-requests a user's prompt reaches the log; it must not forge a start."""
-    fake = (
-        "max_total_num_tokens=99999999, max_prefill_tokens=1, max_running_requests=1, "
-        "context_len=1"
-    )
+    fake = "max_total_num_tokens=99999999, max_prefill_tokens=1, max_running_requests=1, context_len=1"
     lines = list(fixture("incident_prefill.log").read_text().splitlines(keepends=True)) + [
         f"[2026-08-27 07:00:00 TP0] Receive: obj=GenerateReqInput(text='{fake}', rid='x')\n",
         "[2026-08-27 07:00:00] Receive: text='The server is fired up and ready to roll!'\n",
@@ -281,21 +284,36 @@ def test_to_int_never_guesses() -> None:
 
 
 def test_parse_server_info_and_models() -> None:
-    info = parse_server_info({
-        "max_total_num_tokens": POOL, "max_req_input_len": POOL - 6, "context_length": None,
-        "page_size": 64, "disaggregation_mode": "prefill", "version": "0.5.17",
-    })
+    info = parse_server_info(
+        {
+            "max_total_num_tokens": POOL,
+            "max_req_input_len": POOL - 6,
+            "context_length": None,
+            "page_size": 64,
+            "disaggregation_mode": "prefill",
+            "version": "0.5.17",
+        }
+    )
     assert (info.max_total_num_tokens, info.max_req_input_len, info.context_length) == (
-        POOL, POOL - 6, None,
+        POOL,
+        POOL - 6,
+        None,
     )
     assert (info.page_size, info.disaggregation_mode, info.version) == (64, "prefill", "0.5.17")
     assert parse_server_info(["not", "a", "dict"]).max_total_num_tokens is None
     assert parse_server_info({"max_total_num_tokens": True}).max_total_num_tokens is None
 
-    models = parse_models({"object": "list", "data": [
-        {"id": "base", "max_model_len": 131072}, {"id": "long", "max_model_len": CONTEXT},
-        {"id": "no-len"}, "junk",
-    ]})
+    models = parse_models(
+        {
+            "object": "list",
+            "data": [
+                {"id": "base", "max_model_len": 131072},
+                {"id": "long", "max_model_len": CONTEXT},
+                {"id": "no-len"},
+                "junk",
+            ],
+        }
+    )
     assert models.max_model_len == CONTEXT
     assert models.models == (("base", 131072), ("long", CONTEXT), ("no-len", None))
     assert parse_models({"data": "x"}).max_model_len is None
@@ -327,12 +345,22 @@ def test_prometheus_parser_on_tricky_input() -> None:
     samples = parse_prometheus_text(TRICKY_METRICS)
     by_name = {s.name: s for s in samples}
     assert list(by_name) == [
-        "sglang:max_total_num_tokens", "req_total", "nan_metric", "up", "down", "sci", "spaced",
-        "utf8.metric.name", "bucket",
+        "sglang:max_total_num_tokens",
+        "req_total",
+        "nan_metric",
+        "up",
+        "down",
+        "sci",
+        "spaced",
+        "utf8.metric.name",
+        "bucket",
     ]
     pool = by_name["sglang:max_total_num_tokens"]
     assert pool.labels == {
-        "model_name": "m", "engine_type": "prefill", "tp_rank": "0", "pp_rank": "0",
+        "model_name": "m",
+        "engine_type": "prefill",
+        "tp_rank": "0",
+        "pp_rank": "0",
     }
     assert pool.value == 681280.0 and pool.timestamp is None
     req = by_name["req_total"]
@@ -355,12 +383,14 @@ def test_prometheus_parser_on_tricky_input() -> None:
 
 
 def test_read_pool_metrics_per_rank() -> None:
-    text = "\n".join(
-        f'sglang:{name}{{model_name="m",engine_type="decode",tp_rank="{rank}",pp_rank="0"}} {value}'
-        for rank, pool in ((0, 900000.0), (1, 850000.0))
-        for name, value in (("max_total_num_tokens", pool), ("context_len", 1048576.0),
-                            ("page_size", 64.0))
-    ) + '\nsglang:context_len{model_name="m",engine_type="decode",tp_rank="2",pp_rank="0"} NaN\n'
+    text = (
+        "\n".join(
+            f'sglang:{name}{{model_name="m",engine_type="decode",tp_rank="{rank}",pp_rank="0"}} {value}'
+            for rank, pool in ((0, 900000.0), (1, 850000.0))
+            for name, value in (("max_total_num_tokens", pool), ("context_len", 1048576.0), ("page_size", 64.0))
+        )
+        + '\nsglang:context_len{model_name="m",engine_type="decode",tp_rank="2",pp_rank="0"} NaN\n'
+    )
     metrics = read_pool_metrics(text)
     assert len(metrics.series) == 3
     assert metrics.max_total_num_tokens == 850000
@@ -376,13 +406,13 @@ def test_read_pool_metrics_per_rank() -> None:
 
 
 def test_judge_pool() -> None:
-    assert judge_pool(CONTEXT, CONTEXT)[0] is Status.OK
+    assert judge_pool(CONTEXT, CONTEXT)[0] is Verdict.PASS
     status, reason = judge_pool(POOL, CONTEXT)
-    assert status is Status.FAIL
+    assert status is Verdict.FAIL
     assert "367,296 tokens" in reason and "35%" in reason
-    assert judge_pool(None, CONTEXT)[0] is Status.UNKNOWN
-    assert judge_pool(POOL, None)[0] is Status.UNKNOWN
-    assert judge_pool(0, CONTEXT)[0] is Status.UNKNOWN
+    assert judge_pool(None, CONTEXT)[0] is Verdict.INCONCLUSIVE
+    assert judge_pool(POOL, None)[0] is Verdict.INCONCLUSIVE
+    assert judge_pool(0, CONTEXT)[0] is Verdict.INCONCLUSIVE
     band = compute_band(POOL - 6, CONTEXT)
     assert band is not None and (band.min_tokens, band.max_tokens) == (POOL - 6, CONTEXT - 1)
     assert compute_band(None, CONTEXT) is None
@@ -391,21 +421,25 @@ def test_judge_pool() -> None:
 @pytest.mark.parametrize(
     ("name", "status", "pool", "context", "role", "n_starts"),
     [
-        ("ok_prefill.log", Status.OK, 402816, 131072, "prefill", 1),
-        ("ok_decode.log", Status.OK, 811008, 131072, "decode", 1),
-        ("incident_prefill.log", Status.FAIL, POOL, CONTEXT, "prefill", 1),
-        ("no_startup.log", Status.UNKNOWN, None, None, "decode", 1),
-        ("multirank_dp_attention.log", Status.OK, 1310720, CONTEXT, "decode", 1),
-        ("multirank_dp_min_pool.log", Status.FAIL, 240000, 262144, "prefill", 1),
-        ("restarts_fail_then_ok.log", Status.OK, POOL, 524288, "prefill", 2),
-        ("restarts_ok_then_fail.log", Status.FAIL, 811008, CONTEXT, None, 2),
-        ("restart_no_banner_crash.log", Status.FAIL, 200000, 262144, None, 2),
-        ("restart_then_crash.log", Status.UNKNOWN, None, None, "prefill", 2),
-        ("cpu_ok.log", Status.OK, 65536, 40960, "prefill", 1),
+        ("ok_prefill.log", Verdict.PASS, 402816, 131072, "prefill", 1),
+        ("ok_decode.log", Verdict.PASS, 811008, 131072, "decode", 1),
+        ("incident_prefill.log", Verdict.FAIL, POOL, CONTEXT, "prefill", 1),
+        ("no_startup.log", Verdict.INCONCLUSIVE, None, None, "decode", 1),
+        ("multirank_dp_attention.log", Verdict.PASS, 1310720, CONTEXT, "decode", 1),
+        ("multirank_dp_min_pool.log", Verdict.FAIL, 240000, 262144, "prefill", 1),
+        ("restarts_fail_then_ok.log", Verdict.PASS, POOL, 524288, "prefill", 2),
+        ("restarts_ok_then_fail.log", Verdict.FAIL, 811008, CONTEXT, None, 2),
+        ("restart_no_banner_crash.log", Verdict.FAIL, 200000, 262144, None, 2),
+        ("restart_then_crash.log", Verdict.INCONCLUSIVE, None, None, "prefill", 2),
+        ("cpu_ok.log", Verdict.PASS, 65536, 40960, "prefill", 1),
     ],
 )
 def test_check_log_fixtures(
-    name: str, status: Status, pool: int | None, context: int | None, role: str | None,
+    name: str,
+    status: Verdict,
+    pool: int | None,
+    context: int | None,
+    role: str | None,
     n_starts: int,
 ) -> None:
     row = check_log(fixture(name))
@@ -418,47 +452,51 @@ def test_check_log_fixtures(
 def test_incident_log_is_fail_with_the_incidents_numbers() -> None:
     row = check_log(fixture("incident_prefill.log"), name="prefill-0")
     assert row.name == "prefill-0"
-    assert row.status is Status.FAIL
+    assert row.status is Verdict.FAIL
     assert row.ratio == pytest.approx(POOL / CONTEXT)
     assert "681,280 < context 1,048,576" in row.reason
 
 
 def test_restarts_report_every_start_and_judge_the_last() -> None:
     row = check_log(fixture("restarts_fail_then_ok.log"))
-    assert [s.status for s in row.starts] == [Status.FAIL, Status.OK]
-    assert row.status is Status.OK
+    assert [s.status for s in row.starts] == [Verdict.FAIL, Verdict.PASS]
+    assert row.status is Verdict.PASS
     assert any("#1 FAIL" in note for note in row.notes)
 
     row = check_log(fixture("restarts_ok_then_fail.log"))
-    assert [s.status for s in row.starts] == [Status.OK, Status.FAIL]
-    assert row.status is Status.FAIL
+    assert [s.status for s in row.starts] == [Verdict.PASS, Verdict.FAIL]
+    assert row.status is Verdict.FAIL
 
     # An earlier OK start never rescues a most recent start that cannot be read.
     row = check_log(fixture("restart_then_crash.log"))
-    assert [s.status for s in row.starts] == [Status.OK, Status.UNKNOWN]
-    assert row.status is Status.UNKNOWN
+    assert [s.status for s in row.starts] == [Verdict.PASS, Verdict.INCONCLUSIVE]
+    assert row.status is Verdict.INCONCLUSIVE
 
 
 def test_no_startup_line_is_unknown_with_a_reason(tmp_path: Path) -> None:
     row = check_log(fixture("no_startup.log"))
-    assert row.status is Status.UNKNOWN
+    assert row.status is Verdict.INCONCLUSIVE
     assert "no scheduler startup line" in row.reason and "811,008" in row.reason
     empty = tmp_path / "router.log"
     empty.write_text("[2026-08-16 10:00:00] router started\n")
     row = check_log(empty)
-    assert row.status is Status.UNKNOWN and row.starts == []
+    assert row.status is Verdict.INCONCLUSIVE and row.starts == []
     assert "no SGLang start found" in row.reason
 
 
 def test_ok_pair_passes_and_the_text_table() -> None:
-    report = run_preflight(PreflightInputs(logs=[
-        ("prefill-0", fixture("ok_prefill.log")), ("decode-0", fixture("ok_decode.log")),
-    ]))
+    report = run_preflight(
+        PreflightInputs(
+            logs=[
+                ("prefill-0", fixture("ok_prefill.log")),
+                ("decode-0", fixture("ok_decode.log")),
+            ]
+        )
+    )
     assert report.ok and report.exit_code == 0
     text = format_report(report)
     header, first, second = text.splitlines()[:3]
-    assert header.split()[:8] == ["NODE", "SOURCE", "ROLE", "POOL", "CONTEXT", "RATIO",
-                                  "MAX_INPUT", "STATUS"]
+    assert header.split()[:8] == ["NODE", "SOURCE", "ROLE", "POOL", "CONTEXT", "RATIO", "MAX_INPUT", "STATUS"]
     # aligned columns: every row's STATUS cell starts where the header's does
     column = header.index("STATUS")
     assert first[column:].startswith("OK") and second[column:].startswith("OK")
@@ -482,19 +520,24 @@ def metrics_text(pool: int, context: int, engine_type: str, ranks: int = 2) -> s
                 f'sglang:{metric}{{model_name="m",engine_type="{engine_type}",'
                 f'tp_rank="{rank}",pp_rank="0"}} {float(value)}'
             )
-    lines.append(
-        'sglang:num_running_reqs{model_name="m",engine_type="x",tp_rank="0",pp_rank="0"} 0.0'
-    )
+    lines.append('sglang:num_running_reqs{model_name="m",engine_type="x",tp_rank="0",pp_rank="0"} 0.0')
     return "\n".join(lines) + "\n"
 
 
-def worker_routes(pool: int, context: int, mode: str, *, context_flag: int | None = None,
-                  metrics: bool = True) -> dict[str, tuple[int, str, str]]:
+def worker_routes(
+    pool: int, context: int, mode: str, *, context_flag: int | None = None, metrics: bool = True
+) -> dict[str, tuple[int, str, str]]:
     info = {
-        "model_path": "m", "disaggregation_mode": mode, "context_length": context_flag,
-        "max_total_tokens": None, "page_size": 64, "status": "ready",
-        "max_total_num_tokens": pool, "max_req_input_len": min(context - 1, pool - 1) - 5,
-        "internal_states": [{"memory_usage": {}}], "version": "0.5.17",
+        "model_path": "m",
+        "disaggregation_mode": mode,
+        "context_length": context_flag,
+        "max_total_tokens": None,
+        "page_size": 64,
+        "status": "ready",
+        "max_total_num_tokens": pool,
+        "max_req_input_len": min(context - 1, pool - 1) - 5,
+        "internal_states": [{"memory_usage": {}}],
+        "version": "0.5.17",
     }
     models = {"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": context}]}
     routes = {
@@ -521,7 +564,7 @@ class Worker:
 
     async def _handle(self, request: web.Request) -> web.Response:
         status, body, content_type = self.routes[request.path]
-        ctype, _, charset = content_type.partition("; ")
+        ctype, _, _charset = content_type.partition("; ")
         return web.Response(status=status, text=body, content_type=ctype)
 
     def _serve(self) -> None:
@@ -569,7 +612,7 @@ def dead_url() -> str:
 
 def test_url_with_the_incidents_numbers_is_fail_with_the_band(fail_worker: Worker) -> None:
     row = check_url(fail_worker.url, "prefill-0")
-    assert row.status is Status.FAIL
+    assert row.status is Verdict.FAIL
     assert (row.pool_tokens, row.context_len, row.role) == (POOL, CONTEXT, "prefill")
     assert row.max_req_input_len == POOL - 6
     assert row.context_source == "/v1/models max_model_len"
@@ -580,13 +623,13 @@ def test_url_with_the_incidents_numbers_is_fail_with_the_band(fail_worker: Worke
 
 def test_url_ok(ok_worker: Worker) -> None:
     row = check_url(ok_worker.url + "/")
-    assert row.status is Status.OK
+    assert row.status is Verdict.PASS
     assert (row.pool_tokens, row.context_len, row.role) == (811008, 131072, "decode")
 
 
 def test_url_nothing_listens_is_unknown(dead_url: str) -> None:
     row = check_url(dead_url, timeout=2.0)
-    assert row.status is Status.UNKNOWN
+    assert row.status is Verdict.INCONCLUSIVE
     assert row.reason.startswith(f"cannot reach {dead_url}")
 
 
@@ -597,7 +640,7 @@ def test_url_context_precedence_and_fallbacks() -> None:
     with Worker(routes) as worker:
         row = check_url(worker.url)
     assert (row.context_len, row.context_source) == (CONTEXT, "metric sglang:context_len")
-    assert row.status is Status.FAIL
+    assert row.status is Verdict.FAIL
     assert any("/v1/models: HTTP 404" in note for note in row.notes)
     assert any("context readings disagree" in note for note in row.notes)
 
@@ -606,7 +649,7 @@ def test_url_context_precedence_and_fallbacks() -> None:
     del routes["/v1/models"]
     with Worker(routes) as worker:
         row = check_url(worker.url)
-    assert row.status is Status.UNKNOWN
+    assert row.status is Verdict.INCONCLUSIVE
     assert row.pool_tokens == POOL and row.context_len is None
     assert "context length could not be read" in row.reason
 
@@ -616,7 +659,7 @@ def test_url_old_server_info_alias() -> None:
     routes["/get_server_info"] = routes.pop("/server_info")
     with Worker(routes) as worker:
         row = check_url(worker.url)
-    assert row.status is Status.OK and row.max_req_input_len == 131066
+    assert row.status is Verdict.PASS and row.max_req_input_len == 131066
 
 
 # --------------------------------------------------------------------------------------------------
@@ -637,24 +680,25 @@ def run_handler(argv: list[str]) -> int:
     return args.handler(args)
 
 
-def test_cli_exit_0_when_every_node_is_ok(
-    capsys: pytest.CaptureFixture[str], ok_worker: Worker
-) -> None:
-    code = run_handler(["--log", f"prefill-0={fixture('ok_prefill.log')}",
-                        f"decode-0={fixture('ok_decode.log')}", "--url", ok_worker.url])
+def test_cli_exit_0_when_every_node_is_ok(capsys: pytest.CaptureFixture[str], ok_worker: Worker) -> None:
+    code = run_handler(
+        [
+            "--log",
+            f"prefill-0={fixture('ok_prefill.log')}",
+            f"decode-0={fixture('ok_decode.log')}",
+            "--url",
+            ok_worker.url,
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert "prefill-0" in out and "decode-0" in out and ok_worker.url in out
     assert out.rstrip().splitlines()[-1].startswith("preflight: 3 nodes: 3 OK, 0 FAIL, 0 UNKNOWN")
 
 
-def test_cli_exit_1_on_fail_or_unknown(
-    capsys: pytest.CaptureFixture[str], fail_worker: Worker, dead_url: str
-) -> None:
-    assert run_handler(["--log", str(fixture("ok_prefill.log")),
-                        str(fixture("incident_prefill.log"))]) == 1
-    assert run_handler(["--log", str(fixture("ok_prefill.log")), "--log",
-                        str(fixture("no_startup.log"))]) == 1
+def test_cli_exit_1_on_fail_or_unknown(capsys: pytest.CaptureFixture[str], fail_worker: Worker, dead_url: str) -> None:
+    assert run_handler(["--log", str(fixture("ok_prefill.log")), str(fixture("incident_prefill.log"))]) == 1
+    assert run_handler(["--log", str(fixture("ok_prefill.log")), "--log", str(fixture("no_startup.log"))]) == 1
     assert run_handler(["--url", fail_worker.url]) == 1
     assert run_handler(["--url", dead_url, "--timeout", "2"]) == 1
     out = capsys.readouterr().out
@@ -662,8 +706,9 @@ def test_cli_exit_1_on_fail_or_unknown(
 
 
 def test_cli_json(capsys: pytest.CaptureFixture[str], fail_worker: Worker, dead_url: str) -> None:
-    code = run_handler(["--json", "--log", str(fixture("restarts_fail_then_ok.log")),
-                        "--url", f"p0={fail_worker.url}", dead_url])
+    code = run_handler(
+        ["--json", "--log", str(fixture("restarts_fail_then_ok.log")), "--url", f"p0={fail_worker.url}", dead_url]
+    )
     data = json.loads(capsys.readouterr().out)
     assert code == 1 and data["exit_code"] == 1 and data["ok"] is False
     assert data["summary"] == {"total": 3, "ok": 1, "fail": 1, "unknown": 1}
@@ -683,8 +728,7 @@ def test_cli_json(capsys: pytest.CaptureFixture[str], fail_worker: Worker, dead_
     [
         ([], "give at least one --log FILE"),
         (["--log", "/no/such/node.log"], "--log /no/such/node.log: no such file"),
-        (["--log", "prefill-0=/no/such/node.log"],
-         "--log prefill-0=/no/such/node.log: no such file"),
+        (["--log", "prefill-0=/no/such/node.log"], "--log prefill-0=/no/such/node.log: no such file"),
         (["--url", "localhost:30000"], "--url localhost:30000: not an http(s) URL"),
     ],
 )
@@ -720,4 +764,6 @@ def test_vllm_states_its_pool_in_the_labels_of_cache_config_info() -> None:
     )
     metrics = read_pool_metrics(text)
     assert metrics.max_total_num_tokens == 262_144 and metrics.page_size == 128
-    assert read_pool_metrics(text.replace('num_gpu_blocks="2048"', 'num_gpu_blocks="None"')).max_total_num_tokens is None
+    assert (
+        read_pool_metrics(text.replace('num_gpu_blocks="2048"', 'num_gpu_blocks="None"')).max_total_num_tokens is None
+    )

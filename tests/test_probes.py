@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from chaos.oracles.canary import MarkerCodec
+import itertools
+
+from chaos.markers import MarkerCodec
 from chaos.probes import ADAPTER_PREFIX, build_probes, reader_order, replay_order
 
 
@@ -19,7 +21,7 @@ def test_adapter_probes_share_an_opening_and_are_replayed_back_to_back() -> None
     assert [p.index for p in order] == [0, 1, 2, 5, 8, 3, 4, 6, 7]
     # each adapter probe directly follows one under the other adapter (after the first)
     lora = [p.lora_path for p in order if p.lora_path]
-    assert all(a != b for a, b in zip(lora, lora[1:]))
+    assert all(a != b for a, b in itertools.pairwise(lora))
 
 
 def test_without_adapter_probes_the_order_is_unchanged() -> None:
@@ -43,10 +45,13 @@ def test_probes_are_sized_with_the_targets_own_token_count_and_use_only_served_a
 
 def test_served_adapters_from_sglang_server_info() -> None:
     from chaos.targets.discovery import served_adapters
+
     assert served_adapters({"prefill": {}, "decode": {}}) is None  # nobody says: the default names
     assert served_adapters({"prefill": {"enable_lora": None, "lora_paths": None}}) == ()  # SGLang 0.5.23 without LoRA
-    both = {"prefill": {"enable_lora": True, "lora_paths": ["sql=/m/sql", "chat=/m/chat"]},
-            "decode": {"enable_lora": True, "lora_paths": {"chat": "/m/chat", "sql": "/m/sql", "x": "/m/x"}}}
+    both = {
+        "prefill": {"enable_lora": True, "lora_paths": ["sql=/m/sql", "chat=/m/chat"]},
+        "decode": {"enable_lora": True, "lora_paths": {"chat": "/m/chat", "sql": "/m/sql", "x": "/m/x"}},
+    }
     assert served_adapters(both) == ("chat", "sql")  # what every worker serves
     assert served_adapters({"prefill": {"lora_paths": [{"lora_name": "a", "lora_path": "/a"}]}}) == ("a",)
 
@@ -76,8 +81,13 @@ def test_probes_name_the_model_the_target_serves() -> None:
         seen.append(model)
         if model != "tiny-llama":
             return httpx.Response(404, json={"error": {"message": f"The model `{model}` does not exist."}})
-        return httpx.Response(200, json={"choices": [{"text": "ok", "finish_reason": "length"}],
-                                         "usage": {"prompt_tokens": 300, "completion_tokens": 1}})
+        return httpx.Response(
+            200,
+            json={
+                "choices": [{"text": "ok", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 300, "completion_tokens": 1},
+            },
+        )
 
     probe = build_probes(MarkerCodec("K7QX"), 1, 2048, 1)[0]
     with httpx.Client(transport=httpx.MockTransport(serve)) as client:

@@ -11,8 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from chaos.process import (ManagedProcess, PortTaken, free_port, group_members, kill_group, launch, listener_pids,
-                           process_state, wait_http_ok)
+from chaos.process import (
+    ManagedProcess,
+    PortTaken,
+    free_port,
+    group_members,
+    kill_group,
+    launch,
+    listener_pids,
+    process_state,
+    wait_http_ok,
+)
 from tests.bystander import Bystander
 from tests.conftest import another_runs_server
 
@@ -26,7 +35,9 @@ STOPS: dict[str, Callable[[ManagedProcess], object]] = {
 
 
 @pytest.mark.parametrize("stop", STOPS.values(), ids=STOPS.keys())
-def test_stopping_returns_when_every_member_of_the_group_is_gone(tmp_path: Path, stop: Callable[[ManagedProcess], object]) -> None:
+def test_stopping_returns_when_every_member_of_the_group_is_gone(
+    tmp_path: Path, stop: Callable[[ManagedProcess], object]
+) -> None:
     proc = launch("stubborn", ["bash", "-c", SCRIPT], tmp_path / "stubborn.log")
     deadline = time.monotonic() + 10
     while len(group_members(proc.pgid)) < 4 and time.monotonic() < deadline:

@@ -12,16 +12,28 @@ import pytest
 
 from chaos.errors import UsageError
 from chaos.journal import Journal
-from chaos.targets.dialect import WorkerLimits
+from chaos.limits import WorkerLimits
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.sim.stack import SimStack, SimStackConfig
 from faults.base import FaultContext
-from faults.provoke import PROVOCATIONS, KIND_PROVOCATION, ProvokeSettings, Provoker, RoleLimits, plan_band, plan_wave, split_params
+from faults.provoke import (
+    KIND_PROVOCATION,
+    PROVOCATIONS,
+    Provoker,
+    ProvokeSettings,
+    RoleLimits,
+    plan_band,
+    plan_wave,
+    split_params,
+)
 from faults.registry import FAULTS, build_fault
 from faults.window import run_window
 from tests.conftest import start_stack
 
-ASYMMETRIC = [RoleLimits("prefill", WorkerLimits(2048, 4096, 2042)), RoleLimits("decode", WorkerLimits(39312, 4096, 4090))]
+ASYMMETRIC = [
+    RoleLimits("prefill", WorkerLimits(2048, 4096, 2042)),
+    RoleLimits("decode", WorkerLimits(39312, 4096, 4090)),
+]
 
 
 # ------------------------------------------------------------------------------- planning ----
@@ -66,18 +78,26 @@ def test_reuse_waves_outlast_the_longest_write_a_delaying_fault_holds_back() -> 
     # A write held 3.0-5.4 s lands up to 5.4 s after the heal: waves must still be coming then.
     held = build_fault("kv_transfer", {"mode": "latency", "latency_ms": 4200, "jitter_ms": 1200}, "w")
     assert held.lingers_s() == pytest.approx(5.4)
-    assert Provoker("kv_transfer", ProvokeSettings(after_heal_s=4.0), lingers_s=held.lingers_s()).after_heal_s == pytest.approx(6.4)
+    assert Provoker(
+        "kv_transfer", ProvokeSettings(after_heal_s=4.0), lingers_s=held.lingers_s()
+    ).after_heal_s == pytest.approx(6.4)
     # A fault that holds nothing back keeps the configured time; a longer configured time wins.
     stall = build_fault("transfer_stall", {"role": "prefill"}, "w")
     assert stall.lingers_s() == 0.0
-    assert Provoker("transfer_stall", ProvokeSettings(after_heal_s=4.0), lingers_s=stall.lingers_s()).after_heal_s == 4.0
+    assert (
+        Provoker("transfer_stall", ProvokeSettings(after_heal_s=4.0), lingers_s=stall.lingers_s()).after_heal_s == 4.0
+    )
     assert Provoker("kv_transfer", ProvokeSettings(after_heal_s=9.0), lingers_s=5.4).after_heal_s == 9.0
     assert build_fault("router_link", {"link": "decode", "mode": "partition"}, "w").lingers_s() == 0.0
 
 
 def test_provoke_settings_are_validated_with_the_field_named() -> None:
-    params, settings = split_params({"role": "prefill", "provoke": {"wave_size": 5, "kinds": ["reuse"]}}, "faults.windows[0].params")
-    assert params == {"role": "prefill"} and settings.wave_size == 5 and settings.kinds_for("transfer_stall") == ("reuse",)
+    params, settings = split_params(
+        {"role": "prefill", "provoke": {"wave_size": 5, "kinds": ["reuse"]}}, "faults.windows[0].params"
+    )
+    assert (
+        params == {"role": "prefill"} and settings.wave_size == 5 and settings.kinds_for("transfer_stall") == ("reuse",)
+    )
     assert split_params({"provoke": False}, "w")[1].kinds_for("memory_fraction") == ()
     assert split_params({}, "w")[1].kinds_for("memory_fraction") == ("band", "reuse")
     with pytest.raises(UsageError, match=r"faults.windows\[0\].params.provoke: unknown setting\(s\) waves"):
@@ -93,7 +113,9 @@ def test_provoke_settings_are_validated_with_the_field_named() -> None:
 # ----------------------------------------------------------------- on the embedded engine ----
 
 STACK = SimStackConfig(
-    worker=WorkerSettings(context_length=4096, timeouts=replace(TransferTimeouts(), waiting_timeout_s=2.0, bootstrap_timeout_s=3.0)),
+    worker=WorkerSettings(
+        context_length=4096, timeouts=replace(TransferTimeouts(), waiting_timeout_s=2.0, bootstrap_timeout_s=3.0)
+    ),
 )
 
 
@@ -117,13 +139,17 @@ def test_memory_fraction_provokes_the_band_and_its_prompts_land_in_it(stack: Sim
     fault = build_fault("memory_fraction", {"role": "prefill", "max_total_tokens": 2048}, "w")
     provoker = Provoker("memory_fraction", ProvokeSettings(after_heal_s=0.5))
     with Journal.create(tmp_path / "run") as journal:
-        result = run_window(fault, FaultContext(target=stack, journal=journal, window_id="w1"), duration_s=4.0, provoker=provoker)
+        result = run_window(
+            fault, FaultContext(target=stack, journal=journal, window_id="w1"), duration_s=4.0, provoker=provoker
+        )
         assert result.confirmation.confirmed, result.confirmation.evidence
         provoker.join()
         plan = _provoke_event(journal)
         records = [r for r in journal.iter_requests() if r.phase == "fault"]
     # the limits were read after the restart: the shrunken prefill pool, decode's untouched one
-    assert plan["limits"]["prefill"]["max_input_tokens"] == 2042 and plan["limits"]["decode"]["max_input_tokens"] == 4090
+    assert (
+        plan["limits"]["prefill"]["max_input_tokens"] == 2042 and plan["limits"]["decode"]["max_input_tokens"] == 4090
+    )
     band = [s for s in plan["band"] if s["label"].startswith("band")]
     assert band and all(2042 < s["tokens"] < 4090 for s in band)
     # the target's own counts put every band prompt inside the band
@@ -133,24 +159,38 @@ def test_memory_fraction_provokes_the_band_and_its_prompts_land_in_it(stack: Sim
     assert sum(len(v) for k, v in plan["landed"].items() if k.startswith("band")) == len(band)
     # the clean pair rejects everything over prefill's limit with a 4xx and serves what is under it
     over = [r for r in records if r.user_kind == "over_length"]
-    assert over and all(r.status is not None and 400 <= r.status < 500 for r in over), [(r.status, r.error_detail) for r in over]
+    assert over and all(r.status is not None and 400 <= r.status < 500 for r in over), [
+        (r.status, r.error_detail) for r in over
+    ]
     under = [r for r in records if r.error_detail and "under the prefill limit" in r.error_detail]
     assert [r.status for r in under] == [200]
 
 
 @pytest.mark.integration
-def test_a_stall_hands_freed_pages_to_fresh_requests_during_it_and_after_its_heal(stack: SimStack, tmp_path: Path) -> None:
+def test_a_stall_hands_freed_pages_to_fresh_requests_during_it_and_after_its_heal(
+    stack: SimStack, tmp_path: Path
+) -> None:
     fault = build_fault("transfer_stall", {"role": "prefill"}, "w")
     replayed: list[float] = []  # the runner's reference probe, sent with each wave
-    provoker = Provoker("transfer_stall", ProvokeSettings(after_heal_s=2.5, burst=6), replay_probe=lambda: replayed.append(time.time()))
+    provoker = Provoker(
+        "transfer_stall", ProvokeSettings(after_heal_s=2.5, burst=6), replay_probe=lambda: replayed.append(time.time())
+    )
     with Journal.create(tmp_path / "run") as journal:
-        result = run_window(fault, FaultContext(target=stack, journal=journal, window_id="w1"), duration_s=4.5, provoker=provoker)
+        result = run_window(
+            fault, FaultContext(target=stack, journal=journal, window_id="w1"), duration_s=4.5, provoker=provoker
+        )
         provoker.join()
         plan = _provoke_event(journal)
         heal = next(e.t for e in journal.iter_events(kind="fault") if e.data.get("step") == "heal")
         inject = next(e.t for e in journal.iter_events(kind="fault") if e.data.get("step") == "inject")
-        reuse = [r for r in journal.iter_requests() if r.user_kind == KIND_PROVOCATION and "reuse" in (r.error_detail or "")]
-        burst = [r for r in journal.iter_requests() if r.user_kind == KIND_PROVOCATION and "provoke burst" in (r.error_detail or "")]
+        reuse = [
+            r for r in journal.iter_requests() if r.user_kind == KIND_PROVOCATION and "reuse" in (r.error_detail or "")
+        ]
+        burst = [
+            r
+            for r in journal.iter_requests()
+            if r.user_kind == KIND_PROVOCATION and "provoke burst" in (r.error_detail or "")
+        ]
     # the provocation is what a stall nobody waits on lacks: the stall is confirmed
     assert result.confirmation.confirmed, result.confirmation.evidence
     assert plan["sent"]["reuse"] >= 8 and plan["sent"]["burst"] == 12  # at inject and after the heal
@@ -160,7 +200,9 @@ def test_a_stall_hands_freed_pages_to_fresh_requests_during_it_and_after_its_hea
     assert len(replayed) == plan["waves"] == plan["sent"]["reuse reference probe"]
     assert any(inject <= t <= heal for t in replayed) and any(t > heal for t in replayed)
     # every fresh request after the heal was answered: the clean engine gave the pages back in order
-    assert all(r.status == 200 for r in reuse if r.t_send > heal + 0.5), [(r.status, r.error_detail) for r in reuse if r.t_send > heal]
+    assert all(r.status == 200 for r in reuse if r.t_send > heal + 0.5), [
+        (r.status, r.error_detail) for r in reuse if r.t_send > heal
+    ]
 
 
 @pytest.mark.integration
@@ -168,10 +210,13 @@ def test_waves_wait_while_the_connection_pool_is_full(stack: SimStack, tmp_path:
     """A target that answers slower than the waves come (here: a stalled prefill) gets as many
     requests as the provoker's connection pool holds, not a queue that times out in the client."""
     from faults.provoke import MAX_IN_FLIGHT
+
     fault = build_fault("transfer_stall", {"role": "prefill"}, "w")
     provoker = Provoker("transfer_stall", ProvokeSettings(interval_s=0.05, wave_size=8, after_heal_s=0.5, burst=0))
     with Journal.create(tmp_path / "run") as journal:
-        run_window(fault, FaultContext(target=stack, journal=journal, window_id="w1"), duration_s=3.0, provoker=provoker)
+        run_window(
+            fault, FaultContext(target=stack, journal=journal, window_id="w1"), duration_s=3.0, provoker=provoker
+        )
         provoker.join()
         plan = _provoke_event(journal)
         sent = [r for r in journal.iter_requests() if r.user_kind == KIND_PROVOCATION and r.t_send is not None]

@@ -47,11 +47,26 @@ SGLANG_OVER = 'HTTP 400: Prefill server error (400 Bad Request): {"error":{"mess
 REFUSALS = [
     (SGLANG_OVER, "as_intended"),  # real SGLang 0.5.23, a prefix_sharing prompt over a shrunken prefill's limit
     ("HTTP 400: The input (2049 tokens) is longer than the model's context length (2048 tokens).", "as_intended"),
-    ("HTTP 400: The decoder prompt (length 2100) is longer than the maximum model length of 2048. Make sure", "as_intended"),
-    ("HTTP 400: This model's maximum context length is 2048 tokens. However, your prompt contains 2100 input tokens, which", "as_intended"),
-    ("HTTP 400: This model's maximum context length is 2048 tokens. However, your prompt contains 9000 characters (more than 8192 characters", "as_intended"),
-    ("HTTP 400: This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2092 in", "as_intended"),
-    ("HTTP 400: Input length (900 tokens) exceeds the maximum allowed length (1018 tokens).", "unexplained"),  # not over: a false refusal
+    (
+        "HTTP 400: The decoder prompt (length 2100) is longer than the maximum model length of 2048. Make sure",
+        "as_intended",
+    ),
+    (
+        "HTTP 400: This model's maximum context length is 2048 tokens. However, your prompt contains 2100 input tokens, which",
+        "as_intended",
+    ),
+    (
+        "HTTP 400: This model's maximum context length is 2048 tokens. However, your prompt contains 9000 characters (more than 8192 characters",
+        "as_intended",
+    ),
+    (
+        "HTTP 400: This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (2092 in",
+        "as_intended",
+    ),
+    (
+        "HTTP 400: Input length (900 tokens) exceeds the maximum allowed length (1018 tokens).",
+        "unexplained",
+    ),  # not over: a false refusal
     ("HTTP 400: invalid sampling parameters", "unexplained"),  # about something else
     (None, "unexplained"),
 ]
@@ -71,10 +86,16 @@ def columns(rows: list[tuple]) -> RequestColumns:
     n = len(rows)
     sent = np.array([r[5] for r in rows], dtype=np.float64)
     return RequestColumns(
-        t_send=sent, t_first_token=np.full(n, np.nan), t_end=sent + 1.0,
-        outcome=np.array([OUTCOME_CODES[r[2]] for r in rows], dtype=np.int8), status=np.array([r[3] for r in rows], dtype=np.int16),
-        phase=[r[0] for r in rows], user_kind=[r[1] for r in rows], error_class=[r[4] for r in rows],
-        token_counts=np.zeros(n, dtype=np.int64))
+        t_send=sent,
+        t_first_token=np.full(n, np.nan),
+        t_end=sent + 1.0,
+        outcome=np.array([OUTCOME_CODES[r[2]] for r in rows], dtype=np.int8),
+        status=np.array([r[3] for r in rows], dtype=np.int16),
+        phase=[r[0] for r in rows],
+        user_kind=[r[1] for r in rows],
+        error_class=[r[4] for r in rows],
+        token_counts=np.zeros(n, dtype=np.int64),
+    )
 
 
 @pytest.mark.parametrize(("row", "expected"), CASES, ids=[f"{r[1]}-{r[3]}-{r[4]}-{r[5]:g}s" for r, _ in CASES])
@@ -88,8 +109,13 @@ def test_every_request_of_the_load_is_in_exactly_one_class_and_the_unexplained_a
     rows = [r for r, _ in CASES]
     classes = classify(columns(rows), [WINDOW])
     assert classes.total == sum(1 for r in rows if r[0] != "baseline")
-    assert dict(classes.unexplained_error_classes) == {"http_503": 2, "http_404": 1, "http_500": 1, "http_502": 1,
-                                                       "read_timeout": 1}
+    assert dict(classes.unexplained_error_classes) == {
+        "http_503": 2,
+        "http_404": 1,
+        "http_500": 1,
+        "http_502": 1,
+        "read_timeout": 1,
+    }
     assert classes.unavailable_attempts == 4  # refused by the killed router, or 503: no worker to send to
 
 
@@ -97,8 +123,14 @@ def test_the_endings_are_in_every_rendering_of_a_run(tmp_path: Path) -> None:
     run = write_pass_run(tmp_path / "run")
     render_all(run)
     endings = json.loads((run / "report.json").read_text())["requests"]["endings"]
-    assert set(endings) == {"answered", "as_intended", "under_fault", "unexplained", "unexplained_error_classes",
-                            "unavailable_attempts"}
+    assert set(endings) == {
+        "answered",
+        "as_intended",
+        "under_fault",
+        "unexplained",
+        "unexplained_error_classes",
+        "unavailable_attempts",
+    }
     assert endings["answered"] > 0
     summary = (run / "summary.md").read_text()
     assert "**Endings**" in summary
@@ -108,16 +140,20 @@ def test_the_endings_are_in_every_rendering_of_a_run(tmp_path: Path) -> None:
     assert "<h3>Endings</h3>" in (run / "report.html").read_text()
 
 
-
 def test_a_4xx_refusal_is_read_from_the_journal_and_nothing_else_is(tmp_path: Path) -> None:
     run = write_pass_run(tmp_path / "run")
     render_all(run)
     was = json.loads((run / "report.json").read_text())["requests"]["endings"]
     conn = sqlite3.connect(run / "journal.sqlite")
     try:
-        refused = conn.execute("SELECT rowid FROM requests WHERE phase = 'load' AND outcome = 'ok' LIMIT 1").fetchone()[0]
-        conn.execute("UPDATE requests SET status = 400, outcome = 'fail', error_class = 'http_400', error_detail = ?, "
-                     "user_kind = 'prefix_sharing' WHERE rowid = ?", (SGLANG_OVER, refused))
+        refused = conn.execute("SELECT rowid FROM requests WHERE phase = 'load' AND outcome = 'ok' LIMIT 1").fetchone()[
+            0
+        ]
+        conn.execute(
+            "UPDATE requests SET status = 400, outcome = 'fail', error_class = 'http_400', error_detail = ?, "
+            "user_kind = 'prefix_sharing' WHERE rowid = ?",
+            (SGLANG_OVER, refused),
+        )
         conn.commit()
         details = conn.execute("SELECT error_detail FROM requests ORDER BY rowid").fetchall()
     finally:
@@ -130,4 +166,7 @@ def test_a_4xx_refusal_is_read_from_the_journal_and_nothing_else_is(tmp_path: Pa
     assert before.unexplained == 1  # without the detail, the same refusal would be unexplained
     render_all(run)
     endings = json.loads((run / "report.json").read_text())["requests"]["endings"]
-    assert (endings["answered"], endings["as_intended"]) == (was["answered"] - 1, was["as_intended"] + 1), (was, endings)
+    assert (endings["answered"], endings["as_intended"]) == (was["answered"] - 1, was["as_intended"] + 1), (
+        was,
+        endings,
+    )

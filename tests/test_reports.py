@@ -17,18 +17,19 @@ import numpy as np
 import pytest
 import yaml
 
-from chaos import cli_report
 from chaos.campaign import Campaign
+from chaos.cli import report as cli_report
 from chaos.errors import UsageError
 from chaos.journal import Journal, JournalEvent, Outcome
 from chaos.loadstats import compute
 from chaos.verdict import Finding, OracleResult, Verdict
 from reports.compare import EXIT_OK, EXIT_REGRESSED, EXIT_UNPROVEN, compare_runs
+from reports.fault_record import FaultRecord
 from reports.formats import FILENAMES
 from reports.html import highlight
 from reports.htmlkit import VERDICT_COLORS
 from reports.matrix import OUTSIDE, build_matrix
-from reports.model import FaultRecord, load_run
+from reports.model import load_run
 from reports.render import FORMATS, render_all
 from reports.svg import Band, Series, format_seconds, line_plot, nice_step
 from reports.traffic import MAX_BUCKETS
@@ -50,9 +51,16 @@ N_ORACLES = 7
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
-    built = {name: writer(root / name) for name, writer in (
-        ("pass", write_pass_run), ("fail", write_fail_run), ("inconclusive", write_inconclusive_run),
-        ("crashed", write_crashed_run), ("empty", write_empty_run))}
+    built = {
+        name: writer(root / name)
+        for name, writer in (
+            ("pass", write_pass_run),
+            ("fail", write_fail_run),
+            ("inconclusive", write_inconclusive_run),
+            ("crashed", write_crashed_run),
+            ("empty", write_empty_run),
+        )
+    }
     Journal.create(root / "bare").close()  # a run that died right after creating its journal
     built["bare"] = root / "bare"
     for run_dir in built.values():
@@ -70,7 +78,7 @@ def report_json(run_dir: Path) -> dict:
 @pytest.mark.parametrize("name", ["pass", "fail", "inconclusive", "crashed", "empty", "bare"])
 def test_every_run_renders_every_file_and_the_html_is_self_contained(runs: dict[str, Path], name: str) -> None:
     run_dir = runs[name]
-    assert FILES <= {p.name for p in run_dir.iterdir()}
+    assert {p.name for p in run_dir.iterdir()} >= FILES
     assert not [p for p in run_dir.iterdir() if p.name.endswith(".tmp")], "atomic writes left a temporary file"
     html = (run_dir / "report.html").read_text()
     for external in ("<script", "<link", "src=", 'href="http', "@import", "url(http"):
@@ -88,9 +96,11 @@ def test_pass_run(runs: dict[str, Path]) -> None:
     assert data["campaign"]["name"] == "pd-qualification" and data["campaign"]["seed"] == 7
     assert data["target"]["router_url"] == "http://127.0.0.1:30000"
     assert [(f["name"], f["window"], f["confirmed"], f["healed"]) for f in data["faults"]] == [
-        ("transfer_stall", "w1", True, True), ("process_kill", "w2", True, True)]
+        ("transfer_stall", "w1", True, True),
+        ("process_kill", "w2", True, True),
+    ]
     assert all(f["end"] - f["start"] > 5 for f in data["faults"])
-    assert [(o["name"], o["verdict"], o["evidence_count"]) for o in data["oracles"]][0] == ("canary", "PASS", 0)
+    assert next((o["name"], o["verdict"], o["evidence_count"]) for o in data["oracles"]) == ("canary", "PASS", 0)
     assert data["leaks"] == []
     with Journal.open(runs["pass"], readonly=True) as journal:
         assert data["requests"]["total"] == journal.count_requests()
@@ -112,7 +122,7 @@ def test_fail_run_shows_the_leak_side_by_side_with_its_victim(runs: dict[str, Pa
     assert cells[("process_kill#w2", "canary")] == "PASS" and cells[(OUTSIDE, "canary")] == "PASS"
 
     html = (runs["fail"] / "report.html").read_text()
-    section = html[html.index('id="leak-1"'):]
+    section = html[html.index('id="leak-1"') :]
     assert leak["request_id"] in section and leak["victim_request_id"] in section
     # The marker is highlighted in the offending response and in the victim's prompt.
     assert section.count(f"<mark>{leak['marker']}</mark>") == 2
@@ -135,24 +145,25 @@ def test_inconclusive_run_marks_the_unconfirmed_window(runs: dict[str, Path]) ->
     assert "url(#hatch-" in (runs["inconclusive"] / "report.html").read_text()  # unconfirmed: hatched band
 
 
-def test_crashed_run_is_incomplete_everywhere(runs: dict[str, Path]) -> None:
+def test_a_crashed_run_is_judged_from_its_journal_everywhere(runs: dict[str, Path]) -> None:
     run_dir = runs["crashed"]
     data = report_json(run_dir)
-    assert (data["verdict"], data["exit_code"], data["complete"]) == ("INCOMPLETE", 3, False)
+    assert (data["verdict"], data["exit_code"], data["complete"]) == ("INCONCLUSIVE", 3, False)
+    assert any("stopped before it judged itself" in r and "last phase event: load:start" in r for r in data["reasons"])
     assert any("never healed: transfer_stall#w1" in r for r in data["reasons"])
     assert [f["healed"] for f in data["faults"]] == [False] and data["faults"][0]["end"] is None
-    assert {m["verdict"] for m in data["matrix"]} == {None}  # the oracles never ran
+    assert None not in {m["verdict"] for m in data["matrix"]}  # the oracles ran over what the journal holds
     html = (run_dir / "report.html").read_text()
-    assert "INCOMPLETE — no verdict recorded" in html and VERDICT_COLORS["INCOMPLETE"] in html
+    assert "INCONCLUSIVE — judged from the journal" in html and VERDICT_COLORS["INCONCLUSIVE"] in html
     run_suite = ET.fromstring((run_dir / "junit.xml").read_bytes()).find("testsuite[@name='run']")
-    assert run_suite is not None and run_suite.find("testcase/error[@type='INCOMPLETE']") is not None
-    assert "INCOMPLETE" in (run_dir / "summary.md").read_text()
+    assert run_suite is not None and run_suite.find("testcase/failure[@type='INCONCLUSIVE']") is not None
+    assert "Judged from the journal" in (run_dir / "summary.md").read_text()
 
 
 def test_runs_without_requests_render(runs: dict[str, Path]) -> None:
     empty, bare = report_json(runs["empty"]), report_json(runs["bare"])
     assert empty["requests"]["total"] == 0 and empty["verdict"] == "INCONCLUSIVE"
-    assert bare["verdict"] == "INCOMPLETE" and bare["faults"] == [] and bare["requests"]["total"] == 0
+    assert bare["verdict"] == "INCONCLUSIVE" and bare["faults"] == [] and bare["requests"]["total"] == 0
     assert ">no data</text>" in (runs["bare"] / "report.html").read_text()
     assert "cannot be replayed" in (runs["bare"] / "reproduce.yaml").read_text()
 
@@ -181,8 +192,9 @@ def test_junit_has_one_case_per_window_and_oracle_and_parses(runs: dict[str, Pat
     assert skipped.find(".//property[@name='confirmed'][@value='False']") is not None
 
 
-
-def test_junit_shows_an_inconclusive_run_as_a_failure_unless_the_campaign_keeps_it_skipped(runs: dict[str, Path]) -> None:
+def test_junit_shows_an_inconclusive_run_as_a_failure_unless_the_campaign_keeps_it_skipped(
+    runs: dict[str, Path],
+) -> None:
     """A CI job that gates on JUnit must not show an unproven run green."""
     import copy
 
@@ -193,7 +205,11 @@ def test_junit_shows_an_inconclusive_run_as_a_failure_unless_the_campaign_keeps_
     verdict = root.find("testsuite[@name='run']/testcase[@name='verdict']")
     assert verdict is not None and verdict.find("skipped") is None
     failure = verdict.find("failure")
-    assert failure is not None and failure.get("type") == "INCONCLUSIVE" and (failure.get("message") or "").startswith("INCONCLUSIVE: ")
+    assert (
+        failure is not None
+        and failure.get("type") == "INCONCLUSIVE"
+        and (failure.get("message") or "").startswith("INCONCLUSIVE: ")
+    )
     assert int(root.get("failures", "0")) >= 1
 
     report = load_run(runs["inconclusive"])
@@ -275,7 +291,9 @@ def test_compare_counts_a_new_engine_error_class_but_not_the_load_stopping_a_req
 
     assert not compare_runs(base, with_errors(load_stopped=1), max_latency_ratio=0).regressions
     new = compare_runs(base, with_errors(abort=2), max_latency_ratio=0)
-    assert new.regressions == ["new error class abort: 2 request(s), 0 under faults"] and new.exit_code == EXIT_REGRESSED
+    assert (
+        new.regressions == ["new error class abort: 2 request(s), 0 under faults"] and new.exit_code == EXIT_REGRESSED
+    )
 
 
 def test_compare_names_a_failure_that_changed_kind(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -286,9 +304,17 @@ def test_compare_names_a_failure_that_changed_kind(runs: dict[str, Path], tmp_pa
     from reports.compare_render import write_comparison
 
     def with_status(report, rule: str, n: int):  # type: ignore[no-untyped-def]
-        findings = [Finding("status", Verdict.FAIL, f"over-length prompt r{i}: {rule}", evidence={"rule": rule}) for i in range(n)]
-        return replace(report, oracles=[*[o for o in report.oracles if o.name != "status"],
-                                        OracleResult("status", Verdict.FAIL, n, findings)])
+        findings = [
+            Finding("status", Verdict.FAIL, f"over-length prompt r{i}: {rule}", evidence={"rule": rule})
+            for i in range(n)
+        ]
+        return replace(
+            report,
+            oracles=[
+                *[o for o in report.oracles if o.name != "status"],
+                OracleResult("status", Verdict.FAIL, n, findings),
+            ],
+        )
 
     base = load_run(runs["fail"])
     old, new = with_status(base, "over_length_accepted", 3), with_status(base, "over_length_5xx", 2)
@@ -296,12 +322,17 @@ def test_compare_names_a_failure_that_changed_kind(runs: dict[str, Path], tmp_pa
     assert comparison.exit_code == EXIT_REGRESSED
     assert any(r.startswith("new kind of failure: status over_length_5xx ×2") for r in comparison.regressions)
     assert any(i.startswith("failure gone: status over_length_accepted ×3") for i in comparison.improvements)
-    assert compare_runs(old, old).failure_kinds and not any("kind of failure" in r for r in compare_runs(old, old).regressions)
+    assert compare_runs(old, old).failure_kinds and not any(
+        "kind of failure" in r for r in compare_runs(old, old).regressions
+    )
     written = write_comparison(comparison, tmp_path)
     assert "| status over\\_length\\_5xx | 0 | 2 |" in written["markdown"].read_text()
     assert "Kinds of failure" in written["html"].read_text()
     kinds = json.loads(written["json"].read_text())["failure_kinds"]
-    assert {(k["rule"], k["base"], k["candidate"]) for k in kinds} >= {("over_length_5xx", 0, 2), ("over_length_accepted", 3, 0)}
+    assert {(k["rule"], k["base"], k["candidate"]) for k in kinds} >= {
+        ("over_length_5xx", 0, 2),
+        ("over_length_accepted", 3, 0),
+    }
 
 
 # ----------------------------------------------------------------------------------- cli ----
@@ -317,14 +348,15 @@ def test_report_command(runs: dict[str, Path], tmp_path: Path) -> None:
     assert args.handler(args) == 3
     assert {p.name for p in (tmp_path / "all").iterdir()} == FILES
     args = parser.parse_args(["report", str(tmp_path / "nowhere")])
-    with pytest.raises(UsageError, match="no journal.sqlite"):
+    with pytest.raises(UsageError, match=r"no journal.sqlite"):
         args.handler(args)
     assert set(FORMATS) == set(FILENAMES) == {"html", "junit", "json", "markdown", "reproduce"}
     assert {FORMATS[name][0] for name in FORMATS} == FILES
 
 
-def test_report_and_compare_print_one_json_object_with_json(runs: dict[str, Path], tmp_path: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_and_compare_print_one_json_object_with_json(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """For CI scripts: stdout is exactly one JSON object, the same exit codes as without --json."""
     parser = argparse.ArgumentParser()
     cli_report.register(parser.add_subparsers())
@@ -346,7 +378,7 @@ def test_a_live_journal_renders_without_disturbing_the_writer(tmp_path: Path) ->
         journal.set_meta("seed", 3)
         journal.append_event(JournalEvent("phase", "load:start", {}))
         rendered = render_all(tmp_path)
-        assert rendered.report.verdict_label == "INCOMPLETE"
+        assert rendered.report.verdict_label == "INCONCLUSIVE" and not rendered.report.complete
         journal.append_event(JournalEvent("phase", "load:end", {}))  # the writer carries on
     finally:
         journal.close()
@@ -356,21 +388,30 @@ def test_a_live_journal_renders_without_disturbing_the_writer(tmp_path: Path) ->
 
 
 def _fault(window_id: str, confirmed: bool | None) -> FaultRecord:
-    return FaultRecord(window_id=window_id, fault="transfer_stall", start=10.0, end=20.0, confirmed=confirmed, healed=True)
+    return FaultRecord(
+        window_id=window_id, fault="transfer_stall", start=10.0, end=20.0, confirmed=confirmed, healed=True
+    )
 
 
 def test_matrix_rules() -> None:
     faults = [_fault("w1", True), _fault("w2", False), _fault("w3", True)]
     oracles = [
-        OracleResult("canary", Verdict.FAIL, 10, [
-            Finding("canary", Verdict.FAIL, "leak", window="transfer_stall#w2"),  # FAIL beats unconfirmed
-            Finding("canary", Verdict.FAIL, "stale", window="transfer_stall#w9"),  # unknown window: outside row
-        ]),
+        OracleResult(
+            "canary",
+            Verdict.FAIL,
+            10,
+            [
+                Finding("canary", Verdict.FAIL, "leak", window="transfer_stall#w2"),  # FAIL beats unconfirmed
+                Finding("canary", Verdict.FAIL, "stale", window="transfer_stall#w9"),  # unknown window: outside row
+            ],
+        ),
         OracleResult("usage", Verdict.INCONCLUSIVE, 0, [], ["checked 0 item(s)"]),  # concluded nothing anywhere
         OracleResult("status", Verdict.PASS, 5, []),
     ]
     gates = [Finding("gates", Verdict.INCONCLUSIVE, "thin window: 2 requests", window="transfer_stall#w3")]
-    rows = {row.key: row for row in build_matrix(faults, oracles, gates, expected=["canary", "usage", "status", "timing"])}
+    rows = {
+        row.key: row for row in build_matrix(faults, oracles, gates, expected=["canary", "usage", "status", "timing"])
+    }
 
     def cell(window: str, oracle: str) -> str:
         found = rows[window].cell(oracle)
@@ -391,8 +432,12 @@ def test_time_series_agree_with_loadstats(runs: dict[str, Path]) -> None:
     with Journal.open(runs["pass"], readonly=True) as journal:
         expected = compute(r for r in journal.iter_requests() if r.phase != "baseline")
     overall = report.traffic.overall
-    assert (overall.ttft.p50, overall.ttft.p99, overall.itl.p50, overall.e2e.p99) == \
-        (expected.ttft_s.p50, expected.ttft_s.p99, expected.itl_s.p50, expected.e2e_s.p99)
+    assert (overall.ttft.p50, overall.ttft.p99, overall.itl.p50, overall.e2e.p99) == (
+        expected.ttft_s.p50,
+        expected.ttft_s.p99,
+        expected.itl_s.p50,
+        expected.e2e_s.p99,
+    )
     assert sum(b.stats.counts.total for b in report.traffic.buckets) == report.traffic.counts.total
     assert report.traffic.under_faults.ttft.p50 > 10 * report.traffic.outside_faults.ttft.p50  # faults hurt TTFT
 
@@ -400,8 +445,12 @@ def test_time_series_agree_with_loadstats(runs: dict[str, Path]) -> None:
 def test_svg_and_highlight_helpers() -> None:
     assert [nice_step(s) for s in (10, 75, 0.3)] == [2, 20, 0.1]
     assert [format_seconds(x) for x in (45, 150, 3900)] == ["45s", "2m30s", "1h05m"]
-    svg = line_plot("t<1>", "a <title>", [Series("s&p", "#000", [(0, 1), (1, None), (2, 3), (3, 4)])],
-                    bands=[Band(1, None, "f#<w>", False)])
+    svg = line_plot(
+        "t<1>",
+        "a <title>",
+        [Series("s&p", "#000", [(0, 1), (1, None), (2, 3), (3, 4)])],
+        bands=[Band(1, None, "f#<w>", False)],
+    )
     assert svg.count("<polyline") == 1 and svg.count("<circle") == 1  # the gap splits the line
     assert "<title>a &lt;title&gt;</title>" in svg and "f#&lt;w&gt;" in svg and "never healed" in svg
     assert highlight("ab<X>cd", [(2, 5)]) == "ab<mark>&lt;X&gt;</mark>cd"
@@ -429,9 +478,17 @@ def _chromium() -> str | None:
 
 
 def _chromium_args(profile: Path) -> list[str]:
-    return ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={profile}"]
+    return [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+    ]
 
 
 def read_png(path: Path) -> np.ndarray:
@@ -440,8 +497,8 @@ def read_png(path: Path) -> np.ndarray:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat = 8, b""
     while pos < len(data):
-        (n,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
-        body = data[pos + 8:pos + 8 + n]
+        (n,), kind = struct.unpack(">I", data[pos : pos + 4]), data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + n]
         if kind == b"IHDR":
             width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
             assert depth == 8 and color in (2, 6) and interlace == 0
@@ -492,18 +549,37 @@ def _count_near(pixels: np.ndarray, color: tuple[int, int, int], y0: int, y1: in
     return int(np.count_nonzero(distance <= tolerance))
 
 
-@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (Debian: apt-get install -y chromium)")
+@pytest.mark.skipif(
+    _chromium() is None, reason="headless Chromium is not installed (Debian: apt-get install -y chromium)"
+)
 def test_report_html_screenshot_shows_the_verdict_and_the_plots(runs: dict[str, Path], tmp_path: Path) -> None:
     chromium = _chromium()
     assert chromium is not None
     report = (runs["fail"] / "report.html").resolve()
-    dom = subprocess.run([chromium, *_chromium_args(tmp_path / "dom-profile"), "--dump-dom", report.as_uri()],
-                         check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    dom = subprocess.run(
+        [chromium, *_chromium_args(tmp_path / "dom-profile"), "--dump-dom", report.as_uri()],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert 'data-verdict="FAIL"' in dom.stdout and dom.stdout.count('class="plot"') == 5, dom.stderr[-2000:]
 
     shot = tmp_path / "report.png"
-    subprocess.run([chromium, *_chromium_args(tmp_path / "shot-profile"), f"--screenshot={shot}", "--window-size=1400,3000",
-                    report.as_uri()], check=False, capture_output=True, timeout=120, cwd=tmp_path)
+    subprocess.run(
+        [
+            chromium,
+            *_chromium_args(tmp_path / "shot-profile"),
+            f"--screenshot={shot}",
+            "--window-size=1400,3000",
+            report.as_uri(),
+        ],
+        check=False,
+        capture_output=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert shot.is_file(), "Chromium wrote no screenshot"
     rows = read_png(shot)
     height, width = rows.shape[:2]
@@ -524,12 +600,35 @@ def test_the_environment_shows_where_each_role_ran_and_its_kv_pool_check(runs: d
     shutil.copytree(runs["pass"], run_dir)
     with Journal.open(run_dir) as journal:
         target = journal.get_meta("target")
-        journal.set_meta("target", {**target, "placement": {"prefill": "Ray node 0123456789ab (gpu-a, 10.0.0.5)",
-                                                             "decode": "Ray node ba9876543210 (gpu-b, 10.0.0.6)"}})
+        journal.set_meta(
+            "target",
+            {
+                **target,
+                "placement": {
+                    "prefill": "Ray node 0123456789ab (gpu-a, 10.0.0.5)",
+                    "decode": "Ray node ba9876543210 (gpu-b, 10.0.0.6)",
+                },
+            },
+        )
         environment = journal.get_meta("environment")
-        journal.set_meta("environment", {**environment, "pool_check": [
-            {"role": "decode", "status": "low", "gpu_ids": [1], "mem_fraction_static": 0.88, "expected_kv_gib": 52.1,
-             "reported_kv_gib": 31.0, "reported_pool_tokens": 681280, "reason": "another process holds 20 GiB of GPU 1"}]})
+        journal.set_meta(
+            "environment",
+            {
+                **environment,
+                "pool_check": [
+                    {
+                        "role": "decode",
+                        "status": "low",
+                        "gpu_ids": [1],
+                        "mem_fraction_static": 0.88,
+                        "expected_kv_gib": 52.1,
+                        "reported_kv_gib": 31.0,
+                        "reported_pool_tokens": 681280,
+                        "reason": "another process holds 20 GiB of GPU 1",
+                    }
+                ],
+            },
+        )
     render_all(run_dir)
     html = (run_dir / "report.html").read_text()
     assert "prefill: Ray node 0123456789ab (gpu-a, 10.0.0.5)" in html
@@ -540,8 +639,22 @@ def test_the_report_scale_benchmark_runs_and_records_what_the_doc_quotes(tmp_pat
     """benchmarks/report_scale.py in a short mode (two small journals): it asserts nothing about
     speed, but its JSON must hold the figures docs/performance.md quotes."""
     out = tmp_path / "scale.json"
-    result = subprocess.run([sys.executable, "benchmarks/report_scale.py", "--sizes", "3000,6000", "--json", str(out),
-                             "--work", str(tmp_path / "work")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/report_scale.py",
+            "--sizes",
+            "3000,6000",
+            "--json",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r["requests"] for r in rows] == [3000, 6000] and rows[0]["per_request_vs_smallest"] == 1.0

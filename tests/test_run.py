@@ -1,9 +1,11 @@
-"""`pdchaos run` end to end on the embedded engine: the default campaign, and an interrupted run."""
+"""`pdchaos run` end to end on the embedded engine: the default campaign, a held schedule, a broken load, the verdict from the journal (stopped runs: tests/test_stop_signals.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import signal
+import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -13,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from chaos.journal import Journal, JournalError
+from chaos.judging.judge import judge
 from chaos.targets.state import stop_from_state
+from chaos.verdict import Verdict
 from chaos.windows import windows_from_events
-from faults.undo import group_members, process_state
 from tests.bystander import Bystander
-from tests.conftest import wait_until
+from tests.conftest import run_cli, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,8 +34,13 @@ def test_the_default_campaign_passes_with_every_fault_confirmed_and_healed(tmp_p
     # target does not own).
     bystander = Bystander.start(tmp_path / "bystander")
     try:
-        result = subprocess.run([sys.executable, "-m", "chaos.cli", "run", "campaigns/default.yaml", "--out", str(out), "--quiet"],
-                                capture_output=True, text=True, timeout=900, cwd=ROOT)
+        result = subprocess.run(
+            [sys.executable, "-m", "chaos.cli", "run", "campaigns/default.yaml", "--out", str(out), "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=ROOT,
+        )
         untouched = bystander.check()
     finally:
         bystander.stop()
@@ -44,7 +52,9 @@ def test_the_default_campaign_passes_with_every_fault_confirmed_and_healed(tmp_p
         audits = [e.data for e in journal.iter_events(kind="fault") if e.data.get("step") == "audit"]
         phases = {r.phase for r in journal.iter_requests()}
     assert len(windows) == 10
-    assert all(w.confirmed and w.healed for w in windows), [(w.label, w.confirm_evidence) for w in windows if not w.confirmed]
+    assert all(w.confirmed and w.healed for w in windows), [
+        (w.label, w.confirm_evidence) for w in windows if not w.confirmed
+    ]
     assert len(audits) == 10 and all(a["clean"] for a in audits)
     assert {"baseline", "load", "aftershock"} <= phases
     report = json.loads((out / "report.json").read_text())
@@ -58,8 +68,13 @@ def test_the_default_campaign_passes_with_every_fault_confirmed_and_healed(tmp_p
     assert (out / "reproduce.yaml").exists() and (out / "summary.md").exists()
     assert not (out / "target.json").exists()  # the stack was stopped
     # The verdict is the journal's: judged again from the run directory alone, the same one
-    again = subprocess.run([sys.executable, "-m", "chaos.cli", "report", str(out), "--out", str(tmp_path / "again"), "--json"],
-                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+    again = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "report", str(out), "--out", str(tmp_path / "again"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     rejudged = json.loads(again.stdout)
     assert (rejudged["verdict"], rejudged["reasons"]) == (report["verdict"], report["reasons"])
@@ -72,18 +87,14 @@ def test_the_load_stages_wait_while_a_window_runs_past_its_planned_end(tmp_path:
     the lull, not the load, though it starts after 7 s of wall time (loadprofiles/clock.py)."""
     out = tmp_path / "run"
     campaign = tmp_path / "held.yaml"
-    campaign.write_text(
-        "name: held-schedule\n"
-        "target: {sim: {waiting_timeout_s: 3}}\n"
-        "load: {profile: canary-chat, users: 4, shape: stages, duration: 30s,\n"
-        "       stages: [{until: 4s, users: 4}, {until: 7s, users: 0}, {until: 30s, users: 4}]}\n"
-        "probes: {count: 4, interval: 1s}\n"
-        "faults: {windows: [\n"
-        "  {fault: memory_fraction, at: 2s, duration: 1s, params: {role: prefill, max_total_tokens: 2048}},\n"
-        "  {fault: cache_flush, at: 4.5s, duration: 2s, params: {role: both, interval_s: 0.5}}]}\n"
+    campaign.write_text(HELD_SCHEDULE)
+    result = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        cwd=ROOT,
     )
-    result = subprocess.run([sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--json"],
-                            capture_output=True, text=True, timeout=540, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     summary = json.loads(result.stdout)  # --json: one object and nothing else on stdout
     assert (summary["verdict"], summary["exit_code"], summary["run_dir"]) == ("PASS", 0, str(out))
@@ -92,7 +103,7 @@ def test_the_load_stages_wait_while_a_window_runs_past_its_planned_end(tmp_path:
         windows = windows_from_events(journal.iter_events(kind="fault"))
         load_sends = [r.t_send for r in journal.iter_requests() if r.phase == "load" and r.t_send is not None]
         load_started = journal.get_meta("load_started_at")
-    restart, flush = windows
+    _restart, flush = windows
     assert held and held[-1]["total_held_s"] > 1.0, held  # the restart's tail, the flush's late start
     assert flush.confirmed, flush.confirm_evidence
     assert flush.start is not None and flush.end is not None
@@ -103,65 +114,25 @@ def test_the_load_stages_wait_while_a_window_runs_past_its_planned_end(tmp_path:
     assert max(load_sends) > flush.end  # and the load came back after the lull
 
 
-def _injected(run_dir: Path) -> bool:
-    try:
-        with Journal.open(run_dir, readonly=True) as journal:
-            return any(e.data.get("step") == "inject" for e in journal.iter_events(kind="fault"))
-    except (FileNotFoundError, JournalError):
-        return False
-
-
-@pytest.mark.timeout(600)
-def test_ctrl_c_heals_reports_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    campaign = tmp_path / "stall.yaml"
-    campaign.write_text(
-        "name: interrupted\n"
-        "target: {sim: {waiting_timeout_s: 2}}\n"
-        "load: {profile: canary-chat, users: 4, duration: 60s}\n"
-        "probes: {count: 4}\n"
-        "faults: {windows: [{fault: transfer_stall, at: 2s, duration: 40s, params: {role: prefill}}]}\n"
-    )
-    proc = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    try:
-        wait_until(lambda: _injected(out), timeout_s=120, what="the stall to be injected")
-        state = json.loads((out / "target.json").read_text())
-        groups = [p["pgid"] for p in state["processes"]]
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        stdout, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        stop_from_state(out)
-    assert proc.returncode == 3, stdout
-    assert "INCONCLUSIVE" in stdout
-    report = json.loads((out / "report.json").read_text())
-    assert report["verdict"] == "INCONCLUSIVE"
-    with Journal.open(out, readonly=True) as journal:
-        steps = [e.data.get("step") for e in journal.iter_events(kind="fault")]
-    assert "heal" in steps and "audit" in steps
-    for pgid in groups:  # healed (nothing left stopped) and the stack it launched is gone
-        assert all(process_state(pid) != "T" for pid in group_members(pgid))
-        wait_until(lambda pgid=pgid: not group_members(pgid), timeout_s=20, what=f"group {pgid} to exit")
-
-
-def test_a_run_whose_load_machinery_breaks_ends_inconclusive_with_the_cause_and_stops_everything(tmp_path: Path) -> None:
+def test_a_run_whose_load_machinery_breaks_ends_inconclusive_with_the_cause_and_stops_everything(
+    tmp_path: Path,
+) -> None:
     """A load actor dies mid-run (what a crashed Ray node does): no verdict on the target, exit 3,
     the cause in the report, no traceback, and the stack stopped."""
     import psutil
 
     out = tmp_path / "run"
     campaign = tmp_path / "lost.yaml"
-    campaign.write_text(
-        "name: lost-load\n"
-        "load: {profile: canary-chat, users: 4, duration: 60s}\n"
-        "probes: {count: 4}\n"
+    campaign.write_text("name: lost-load\nload: {profile: canary-chat, users: 4, duration: 60s}\nprobes: {count: 4}\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
     )
-    proc = subprocess.Popen([sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     try:
+
         def load_actor() -> psutil.Process | None:
             if not _load_started(out):
                 return None
@@ -191,3 +162,80 @@ def _load_started(out: Path) -> bool:
             return any(e.name == "load:start" for e in journal.iter_events(kind="phase"))
     except (JournalError, OSError):
         return False
+
+
+# The smallest campaign of this module: the held schedule's.
+HELD_SCHEDULE = (
+    "name: held-schedule\n"
+    "target: {sim: {waiting_timeout_s: 3}}\n"
+    "load: {profile: canary-chat, users: 4, shape: stages, duration: 30s,\n"
+    "       stages: [{until: 4s, users: 4}, {until: 7s, users: 0}, {until: 30s, users: 4}]}\n"
+    "probes: {count: 4, interval: 1s}\n"
+    "faults: {windows: [\n"
+    "  {fault: memory_fraction, at: 2s, duration: 1s, params: {role: prefill, max_total_tokens: 2048}},\n"
+    "  {fault: cache_flush, at: 4.5s, duration: 2s, params: {role: both, interval_s: 0.5}}]}\n"
+)
+
+
+def _as_journaled(value: object) -> object:
+    return json.loads(json.dumps(dataclasses.asdict(value)))  # type: ignore[call-overload]
+
+
+def _cut_as_a_kill_would(run_dir: Path, copy: Path, at: float) -> None:
+    """The journal as a run SIGKILLed at `at` leaves it: nothing journaled after, no verdict, no end."""
+    copy.mkdir()
+    for path in run_dir.glob("journal.sqlite*"):
+        shutil.copy(path, copy / path.name)
+    db = sqlite3.connect(copy / "journal.sqlite")
+    with db:
+        db.execute("DELETE FROM events WHERE t > ?", (at,))
+        db.execute("DELETE FROM requests WHERE coalesce(t_end, t_send) > ?", (at,))
+        db.execute("DELETE FROM meta WHERE key = 'ended_at'")
+    db.close()
+
+
+@pytest.mark.timeout(600)
+def test_the_verdict_is_a_function_of_the_journal_whole_or_cut_short_by_a_kill(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    campaign = tmp_path / "held.yaml"
+    campaign.write_text(HELD_SCHEDULE)
+    result = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        cwd=ROOT,
+    )
+    assert result.returncode in (0, 1, 3), result.stdout + result.stderr[-3000:]
+    with Journal.open(out, readonly=True) as journal:
+        recorded = next(journal.iter_events(kind="verdict", name="run")).data
+        oracles = [dict(e.data) for e in journal.iter_events(kind="verdict", name="oracle")]
+        gates = [dict(e.data) for e in journal.iter_events(kind="verdict", name="gate")]
+        phases = {e.name: e.t for e in journal.iter_events(kind="phase")}
+        preflight = [e for e in journal.iter_events(kind="probe", name="pool_preflight")]
+        logs = {e.data["role"] for e in journal.iter_events(kind="probe", name="log")}
+        load_started = journal.get_meta("load_started_at")
+        judged = judge(journal)
+    # Judged again from the journal alone: the verdict, the reasons and every oracle's result it recorded
+    assert (judged.verdict.value, judged.reasons) == (recorded["verdict"], recorded["reasons"])
+    assert (judged.requests, judged.generator_saturated, judged.interrupted) == (
+        recorded["requests"],
+        recorded["generator_saturated"],
+        recorded["interrupted"],
+    )
+    assert [_as_journaled(o) for o in judged.oracles] == oracles and [_as_journaled(g) for g in judged.gates] == gates
+    # The pool preflight was read before the load and journaled; the judge read it there
+    assert len(preflight) == 1 and preflight[0].t < phases["baseline:start"] < phases["load:start"]
+    assert next(o for o in judged.oracles if o.name == "pool_preflight").checked == len(preflight[0].data["nodes"]) == 2
+    assert logs == {"prefill", "decode", "router"}
+
+    killed = tmp_path / "killed"
+    _cut_as_a_kill_would(out, killed, at=load_started + 10.0)
+    with Journal.open(killed, readonly=True) as journal:
+        assert not any(journal.iter_events(kind="verdict"))
+        cut = judge(journal)
+    assert cut.verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE) and cut.interrupted
+    assert any("stopped before it judged itself" in r for r in cut.reasons), cut.reasons
+    again = run_cli("report", str(killed), "--json", "--exit-code", timeout=300)
+    report = json.loads(again.stdout)
+    assert (report["verdict"], report["reasons"], again.returncode) == (cut.verdict.value, cut.reasons, cut.exit_code)

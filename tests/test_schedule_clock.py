@@ -85,36 +85,60 @@ def test_a_window_holds_the_clock_at_the_next_start_or_the_stage_meant_to_follow
     """The default campaign: each window's hold point is the next window's start, unless a stage
     boundary comes first at or after its planned end (the lull after the aborts at 29 s, the lull
     around the flush at 128 s and its end at 145 s, the load's end at 170 s)."""
-    from chaos.campaign import load_campaign
-    from chaos.runner import Runner
+    from chaos.campaign_validation import load_campaign
+    from chaos.fault_schedule import hold_point
 
     campaign = load_campaign(Path(__file__).resolve().parent.parent / "campaigns" / "default.yaml")
-    runner = Runner(campaign, tmp_path, progress=False)
     windows = campaign.windows()
-    points = [runner._hold_point(w, windows[n + 1].at_s if n + 1 < len(windows) else None) for n, w in enumerate(windows)]
-    assert [(w.fault, p) for w, p in zip(windows, points)] == [
-        ("kv_transfer", 14.0), ("client_abort", 29.0), ("transfer_stall", 50.0), ("memory_fraction", 71.0),
-        ("engine_failure", 97.0), ("router_link", 108.0), ("process_kill", 120.0), ("over_length_burst", 128.0),
-        ("cache_flush", 145.0), ("process_kill", 170.0)]
+    points = [
+        hold_point(campaign.load, w, windows[n + 1].at_s if n + 1 < len(windows) else None)
+        for n, w in enumerate(windows)
+    ]
+    assert [(w.fault, p) for w, p in zip(windows, points, strict=True)] == [
+        ("kv_transfer", 14.0),
+        ("client_abort", 29.0),
+        ("transfer_stall", 50.0),
+        ("memory_fraction", 71.0),
+        ("engine_failure", 97.0),
+        ("router_link", 108.0),
+        ("process_kill", 120.0),
+        ("over_length_burst", 128.0),
+        ("cache_flush", 145.0),
+        ("process_kill", 170.0),
+    ]
 
 
 def test_a_schedule_that_stops_early_lets_the_load_run_out(tmp_path: Path) -> None:
-    """A wedged target ends the fault schedule before its windows (chaos/runner.py): the barrier it
-    held must go with it, or the load would wait at it forever (a run that never ends)."""
+    """A wedged target ends the fault schedule before its windows (chaos/fault_schedule.py): the
+    barrier it held must go with it, or the load would wait at it forever (a run that never ends)."""
     import threading
     import time
 
-    from chaos.campaign import load_campaign
-    from chaos.runner import Runner
+    from chaos.campaign_validation import load_campaign
+    from chaos.fault_schedule import FaultSchedule
+    from chaos.journal import Journal
+    from chaos.watchdog import ProgressWatchdog
 
     campaign = load_campaign(Path(__file__).resolve().parent.parent / "campaigns" / "default.yaml")
-    runner = Runner(campaign, tmp_path, progress=False)
     windows = campaign.windows()
-    runner.clock = ScheduleClock(barrier_s=windows[0].at_s)
-    runner.clock.start(time.time() - 30.0)  # 30 s into the load, held at the first window's start
-    runner.wedged.set()
-    started = threading.Event()
-    started.set()
-    runner._fault_schedule(windows, started, threading.Event())
-    assert runner.clock.state().barrier_s is None
-    assert runner.clock.now() == pytest.approx(windows[0].at_s, abs=0.5)  # resumes where it stood
+    clock = ScheduleClock(barrier_s=windows[0].at_s)
+    clock.start(time.time() - 30.0)  # 30 s into the load, held at the first window's start
+    with Journal.create(tmp_path) as journal:
+        watchdog = ProgressWatchdog(journal, campaign.gates.wedged_after_s, say=print)
+        watchdog.wedged.set()
+        schedule = FaultSchedule(
+            campaign,
+            None,
+            journal,
+            clock,
+            threading.Event(),
+            watchdog,
+            print,  # type: ignore[arg-type]
+            replayer=lambda: None,
+            aftershock=lambda _: None,
+        )
+        started = threading.Event()
+        started.set()
+        schedule.run(windows, started, threading.Event())
+    assert clock.state().barrier_s is None
+    assert clock.now() == pytest.approx(windows[0].at_s, abs=0.5)  # resumes where it stood

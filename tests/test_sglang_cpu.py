@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from chaos.campaign import load_campaign
+from chaos.campaign_validation import load_campaign
 from chaos.journal import Journal
 from chaos.runner import RunOutcome
 from chaos.targets.dialect import SGLANG
@@ -92,8 +92,9 @@ def _judged_run(pair: SGLangStack, race: RaceWatch, tmp_path_factory: pytest.Tem
 
 
 def _pdchaos(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "chaos.cli", *args], capture_output=True, text=True, timeout=300,
-                          env=ENV, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "chaos.cli", *args], capture_output=True, text=True, timeout=300, env=ENV, check=False
+    )
 
 
 @pytest.mark.timeout(900)
@@ -105,7 +106,9 @@ def test_preflight_reads_the_real_startup_line_and_endpoints(pair: SGLangStack) 
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         nodes = json.loads(done.stdout)["nodes"]
         assert [(n["role"], n["pool_tokens"], n["context_len"], n["status"]) for n in nodes] == [
-            ("prefill", 8192, 2048, "OK"), ("decode", 8192, 2048, "OK")], nodes
+            ("prefill", 8192, 2048, "OK"),
+            ("decode", 8192, 2048, "OK"),
+        ], nodes
     # The limits the faults read, from the worker's /server_info and /v1/models.
     assert SGLANG.limits(pair.worker_url("prefill")).as_tuple() == (8192, 2048, 2042)
 
@@ -126,8 +129,14 @@ def test_canary_on_the_router_passes(pair: SGLangStack) -> None:
 def test_campaign_windows_all_confirmed(run: RunOutcome) -> None:
     journal = Journal.open(run.run_dir)
     windows = windows_from_events(journal.iter_events(kind="fault"))
-    assert sorted(w.fault for w in windows) == ["cache_flush", "client_abort", "client_abort", "over_length_burst",
-                                                "process_kill", "transfer_stall"]
+    assert sorted(w.fault for w in windows) == [
+        "cache_flush",
+        "client_abort",
+        "client_abort",
+        "over_length_burst",
+        "process_kill",
+        "transfer_stall",
+    ]
     unconfirmed = {w.label: w.confirm_evidence for w in windows if not w.confirmed}
     assert not unconfirmed, unconfirmed
     stall = next(w for w in windows if w.fault == "transfer_stall")
@@ -148,18 +157,26 @@ def test_the_qualification_run_passes_on_the_clean_release(run: RunOutcome) -> N
 
 
 def _band_request(router: str, tokens: int, timeout_s: float) -> tuple[int | None, float, str]:
-    body = {"input_ids": [100 + i % 1500 for i in range(tokens)], "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    body = {
+        "input_ids": [100 + i % 1500 for i in range(tokens)],
+        "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+    }
     started = time.monotonic()
     try:
         response = httpx.post(f"{router}/generate", json=body, timeout=timeout_s, trust_env=False)
-        return response.status_code, time.monotonic() - started, response.text[:2000]  # an abort's message is late in it
+        return (
+            response.status_code,
+            time.monotonic() - started,
+            response.text[:2000],
+        )  # an abort's message is late in it
     except httpx.HTTPError as exc:
         return None, time.monotonic() - started, type(exc).__name__
 
 
 @pytest.mark.timeout(1200)
-def test_the_router_500_findings_campaign_fails_for_its_reason(pair: SGLangStack, race: RaceWatch, run: RunOutcome,
-                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_router_500_findings_campaign_fails_for_its_reason(
+    pair: SGLangStack, race: RaceWatch, run: RunOutcome, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """campaigns/sglang-cpu-router-500.yaml on the module's pair: a memory_fraction window restarts
     prefill with a 1,024-token pool under decode's 8,192 (context 2,048), the incident's
     configuration, and its band provocation sends prompts between the two limits. SGLang 0.5.23's

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from chaos.targets.sglang.spec import SGLangSpec
-from chaos.verdict import Verdict
 from chaos.targets.sglang.stack import SGLangStack
+from chaos.verdict import Verdict
 from tests.conftest import running
 from tests.sglang_race import deaths_in_run
 
@@ -37,9 +37,15 @@ pytestmark = pytest.mark.real_engine
 def incident_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SGLangStack]:
     if not (VENV / ".installed").exists() or not (VENV / "models" / "tiny-llama" / ".built").exists():
         pytest.skip(f"{VENV} is missing: `make sglang-env SGLANG_VERSION=0.5.19` installs it")
-    spec = SGLangSpec(device="cpu", venv=str(VENV), waiting_timeout_s=20, bootstrap_timeout_s=20,
-                      prefill={"max_total_tokens": 1024}, decode={"max_total_tokens": 8192},
-                      router={"health_check_timeout_s": 25})
+    spec = SGLangSpec(
+        device="cpu",
+        venv=str(VENV),
+        waiting_timeout_s=20,
+        bootstrap_timeout_s=20,
+        prefill={"max_total_tokens": 1024},
+        decode={"max_total_tokens": 8192},
+        router={"health_check_timeout_s": 25},
+    )
     with running(SGLangStack(spec, tmp_path_factory.mktemp("sglang-0519"))) as stack:
         yield stack
 
@@ -53,8 +59,10 @@ def _generate(stack: SGLangStack, input_ids: list[int], max_new_tokens: int = 8,
 def test_rejected_prompts_are_handed_off_as_a_stub_and_answered_200(incident_pair: SGLangStack) -> None:
     info = httpx.get(f"{incident_pair.worker_url('prefill')}/server_info", timeout=10, trust_env=False).json()
     assert (info["version"], info["max_total_num_tokens"], info["max_req_input_len"]) == ("0.5.19", 1024, 1018)
-    band = {n: _generate(incident_pair, [base + i % 1500 for i in range(n)])
-            for n, base in ((1500, 100), (1300, 300), (1018, 700))}
+    band = {
+        n: _generate(incident_pair, [base + i % 1500 for i in range(n)])
+        for n, base in ((1500, 100), (1300, 300), (1018, 700))
+    }
     for n, response in band.items():  # rejected by prefill's scheduler, yet 200 "length"
         assert response.status_code == 200, (n, response.text[:300])
         assert response.json()["meta_info"]["finish_reason"]["type"] == "length"
@@ -64,7 +72,9 @@ def test_rejected_prompts_are_handed_off_as_a_stub_and_answered_200(incident_pai
     assert next(iter(outputs.values()))[0] == stub[0]  # its first token is the stub's
     under = _generate(incident_pair, [100 + i for i in range(1017)])  # under both limits: a real answer
     assert under.status_code == 200 and tuple(under.json()["output_ids"]) not in outputs.values()
-    assert "Input length (1500 tokens) exceeds the maximum allowed length (1018 tokens)" in incident_pair.logs("prefill")
+    assert "Input length (1500 tokens) exceeds the maximum allowed length (1018 tokens)" in incident_pair.logs(
+        "prefill"
+    )
 
 
 # ------------------------------------------------------------------ the telltale model on 0.5.19 ----
@@ -78,13 +88,24 @@ def telltale_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SG
     if not (VENV / ".installed").exists():
         pytest.skip(f"{VENV} is missing: `make sglang-env SGLANG_VERSION=0.5.19` installs it")
     model = tmp_path_factory.mktemp("telltale-model")
-    subprocess.run([str(VENV / "bin" / "python"), str(REPO / "chaos" / "targets" / "models" / "telltale.py"), str(model)],
-                   check=True, capture_output=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    subprocess.run(
+        [str(VENV / "bin" / "python"), str(REPO / "chaos" / "targets" / "models" / "telltale.py"), str(model)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     table = json.loads((model / "telltale.json").read_text())
-    spec = SGLangSpec(device="cpu", venv=str(VENV), model_path=str(model), waiting_timeout_s=20, bootstrap_timeout_s=20,
-                      prefill={"max_total_tokens": 1024},
-                      decode={"max_total_tokens": 2048, "extra_args": ["--disable-radix-cache"]},
-                      router={"health_check_timeout_s": 25})
+    spec = SGLangSpec(
+        device="cpu",
+        venv=str(VENV),
+        model_path=str(model),
+        waiting_timeout_s=20,
+        bootstrap_timeout_s=20,
+        prefill={"max_total_tokens": 1024},
+        decode={"max_total_tokens": 2048, "extra_args": ["--disable-radix-cache"]},
+        router={"health_check_timeout_s": 25},
+    )
     with running(SGLangStack(spec, tmp_path_factory.mktemp("sglang-0519-telltale"))) as stack:
         yield stack, table
 
@@ -102,13 +123,14 @@ def _reply_words(stack: SGLangStack, table: dict, input_ids: list[int]) -> tuple
     response = _generate(stack, input_ids, max_new_tokens=4, ignore_eos=True)
     if response.status_code != 200:
         return response.status_code, []
-    words = {rid: w for rid, w in zip(table["reply_token_ids"], table["words"])}
+    words = {rid: w for rid, w in zip(table["reply_token_ids"], table["words"], strict=False)}
     return 200, [words.get(t, f"<{t}>") for t in response.json()["output_ids"] if t != table["eos_token_id"]]
 
 
 @pytest.mark.timeout(900)
 def test_the_telltale_model_shows_the_rejected_prompt_answered_from_the_stub_not_from_a_victim(
-        telltale_pair: tuple[SGLangStack, dict]) -> None:
+    telltale_pair: tuple[SGLangStack, dict],
+) -> None:
     """Five victims carrying marker word V fill decode's 2,048-token pool (no radix cache: their
     pages go back to the free list unzeroed). Then prompts between prefill's limit (1,018) and
     decode's, carrying V or W, are rejected by prefill's scheduler and handed off anyway as a
@@ -141,15 +163,18 @@ def test_the_incident_campaign_fails_on_0519_and_passes_on_0523(tmp_path: Path) 
     current = REPO / ".venv-sglang"
     if not (VENV / ".installed").exists() or not (current / ".installed").exists():
         pytest.skip("needs both `make sglang-env` and `make sglang-env SGLANG_VERSION=0.5.19`")
-    from chaos.campaign import load_campaign
+    from chaos.campaign_validation import load_campaign
     from chaos.runner import Runner
     from reports.compare import compare_runs
     from reports.model import load_run
 
     new = load_campaign(REPO / "campaigns" / "sglang-cpu-incident.yaml")
     assert new.target.sglang is not None
-    old = new.model_copy(update={"target": new.target.model_copy(update={
-        "sglang": new.target.sglang.model_copy(update={"venv": str(VENV)})})})
+    old = new.model_copy(
+        update={
+            "target": new.target.model_copy(update={"sglang": new.target.sglang.model_copy(update={"venv": str(VENV)})})
+        }
+    )
     runs = {}
     for name, campaign in (("0.5.19", old), ("0.5.23", new)):  # one pair at a time
         runs[name] = Runner(campaign, tmp_path / name, progress=False).run()
@@ -169,7 +194,9 @@ def test_the_incident_campaign_fails_on_0519_and_passes_on_0523(tmp_path: Path) 
     assert runs["0.5.23"].verdict is Verdict.PASS and not failing(runs["0.5.23"]), runs["0.5.23"].reasons
     # Latency ratios off: two runs on two busy CPU cores say nothing about either release's speed.
     comparison = compare_runs(load_run(runs["0.5.19"].run_dir), load_run(runs["0.5.23"].run_dir), max_latency_ratio=0)
-    assert any(i.startswith("failure gone: status over_length_accepted") for i in comparison.improvements), comparison.improvements
+    assert any(i.startswith("failure gone: status over_length_accepted") for i in comparison.improvements), (
+        comparison.improvements
+    )
     assert all(r.startswith("new error class abort:") for r in comparison.regressions), comparison.regressions
     from chaos.journal import Journal
 

@@ -33,10 +33,16 @@ RUN_TIMEOUT_S = 3600  # two model loads, a stall, a restart-free schedule
 def _imports(python: str, module: str) -> str | None:
     """None if `python -c 'import module'` works, else the last line of its error."""
     try:
-        result = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True, timeout=300, check=False)
+        result = subprocess.run(
+            [python, "-c", f"import {module}"], capture_output=True, text=True, timeout=300, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{type(exc).__name__}: {exc}"
-    return None if result.returncode == 0 else (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
+    return (
+        None
+        if result.returncode == 0
+        else (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
+    )
 
 
 def _requirements() -> tuple[int, str, str, str]:
@@ -78,10 +84,21 @@ def test_a_short_campaign_against_real_sglang_passes(tmp_path: Path) -> None:
     campaign = tmp_path / "campaign.yaml"
     campaign.write_text(yaml.safe_dump(short_campaign(gpus, model, python, backend), sort_keys=False))
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--quiet"],
-                            capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=ROOT, check=False)
-    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((out / "logs").glob("*.log"))) \
-        if (out / "logs").exists() else ""
+    result = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        cwd=ROOT,
+        check=False,
+    )
+    logs = (
+        "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted((out / "logs").glob("*.log"))
+        )
+        if (out / "logs").exists()
+        else ""
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:] + logs
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "PASS" and report["leaks"] == []

@@ -65,11 +65,22 @@ def fake_nvml(init_error: str | None = None, fail_on_device: int | None = None) 
     calls: list[str] = []
     gib = 2**30
     devices = [
-        {"name": b"NVIDIA H100 80GB HBM3", "uuid": "GPU-aaa", "bus": b"00000000:18:00.0",
-         "memory": FakeMemory(80 * gib, 70 * gib, 10 * gib),
-         "compute": [FakeProc(4242, 68 * gib), FakeProc(777, None)], "graphics": [FakeProc(4242, 68 * gib), FakeProc(555, gib)]},
-        {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-bbb", "bus": "00000000:2A:00.0",
-         "memory": FakeMemory(80 * gib, gib // 2, 80 * gib - gib // 2), "compute": [], "graphics": []},
+        {
+            "name": b"NVIDIA H100 80GB HBM3",
+            "uuid": "GPU-aaa",
+            "bus": b"00000000:18:00.0",
+            "memory": FakeMemory(80 * gib, 70 * gib, 10 * gib),
+            "compute": [FakeProc(4242, 68 * gib), FakeProc(777, None)],
+            "graphics": [FakeProc(4242, 68 * gib), FakeProc(555, gib)],
+        },
+        {
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": "GPU-bbb",
+            "bus": "00000000:2A:00.0",
+            "memory": FakeMemory(80 * gib, gib // 2, 80 * gib - gib // 2),
+            "compute": [],
+            "graphics": [],
+        },
     ]
     names = {4242: b"python3", 555: "Xorg"}
 
@@ -132,16 +143,34 @@ def test_inventory_devices_memory_processes_and_driver(install_nvml) -> None:  #
     nvml = install_nvml(fake_nvml())
     inventory = read_inventory()
     assert inventory.available and nvml.calls == ["init", "shutdown"]
-    assert (inventory.driver_version, inventory.cuda_driver_version, inventory.nvml_version) == ("550.54.15", "12.4", "12.550.54.15")
+    assert (inventory.driver_version, inventory.cuda_driver_version, inventory.nvml_version) == (
+        "550.54.15",
+        "12.4",
+        "12.550.54.15",
+    )
     first, second = inventory.gpus
-    assert (first.index, first.name, first.uuid, first.pci_bus_id) == (0, "NVIDIA H100 80GB HBM3", "GPU-aaa", "00000000:18:00.0")
-    assert (first.memory_total_mib, first.memory_used_mib, first.memory_free_mib) == (80 * GIB_MIB, 70 * GIB_MIB, 10 * GIB_MIB)
+    assert (first.index, first.name, first.uuid, first.pci_bus_id) == (
+        0,
+        "NVIDIA H100 80GB HBM3",
+        "GPU-aaa",
+        "00000000:18:00.0",
+    )
+    assert (first.memory_total_mib, first.memory_used_mib, first.memory_free_mib) == (
+        80 * GIB_MIB,
+        70 * GIB_MIB,
+        10 * GIB_MIB,
+    )
     # compute and graphics lists merged by pid; names where NVML gives them; unknown use stays unknown
-    assert first.processes == (GpuProcess(4242, 68 * GIB_MIB, "python3", "compute"), GpuProcess(777, None, None, "compute"),
-                               GpuProcess(555, GIB_MIB, "Xorg", "graphics"))
+    assert first.processes == (
+        GpuProcess(4242, 68 * GIB_MIB, "python3", "compute"),
+        GpuProcess(777, None, None, "compute"),
+        GpuProcess(555, GIB_MIB, "Xorg", "graphics"),
+    )
     assert second.processes == () and second.memory_used_mib == 512.0
-    assert inventory.summary() == ("2 GPU(s), driver 550.54.15, CUDA 12.4: 0: NVIDIA H100 80GB HBM3 (80 GiB, 70.0 used), "
-                                   "1: NVIDIA H100 80GB HBM3 (80 GiB, 0.5 used)")
+    assert inventory.summary() == (
+        "2 GPU(s), driver 550.54.15, CUDA 12.4: 0: NVIDIA H100 80GB HBM3 (80 GiB, 70.0 used), "
+        "1: NVIDIA H100 80GB HBM3 (80 GiB, 0.5 used)"
+    )
     assert [g.index for g in inventory.by_index([1, 0, 5])] == [1, 0]
     assert inventory.to_json()["gpus"][0]["processes"][0]["name"] == "python3"
 
@@ -152,13 +181,23 @@ H200_RECORD = Path(__file__).resolve().parent.parent / "benchmarks" / "results" 
 def nvml_from_record(record: dict[str, Any]) -> types.ModuleType:
     """A `pynvml` answering exactly what the real NVML answered on an H200 (driver 580,
     nvidia-ml-py 13.615.71): `benchmarks/gpu_inventory_check.py` recorded every call's value and type."""
+
     def value(answer: dict[str, Any]) -> Any:
         return answer["value"].encode() if answer["type"] == "bytes" else answer["value"]
 
     nvml = fake_nvml()
     raw = record["raw_nvml"]
-    devices = [{"name": value(d["name"]), "uuid": value(d["uuid"]), "bus": value(d["pci_busId"]),
-                "memory": FakeMemory(**d["memory"]), "compute": [], "graphics": []} for d in raw["devices"]]
+    devices = [
+        {
+            "name": value(d["name"]),
+            "uuid": value(d["uuid"]),
+            "bus": value(d["pci_busId"]),
+            "memory": FakeMemory(**d["memory"]),
+            "compute": [],
+            "graphics": [],
+        }
+        for d in raw["devices"]
+    ]
     system = raw["system"]
     nvml.nvmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
     nvml.nvmlDeviceGetHandleByIndex = lambda index: devices[index]  # type: ignore[attr-defined]
@@ -174,7 +213,9 @@ def test_the_answers_of_a_real_h200_give_the_inventory_the_real_run_gave(install
     record = json.loads(H200_RECORD.read_text())
     install_nvml(nvml_from_record(record))
     assert json.loads(json.dumps(read_inventory().to_json())) == record["inventory"]
-    assert record["inventory"]["cuda_driver_version"] == "13.0" and record["inventory"]["gpus"][0]["name"] == "NVIDIA H200"
+    assert (
+        record["inventory"]["cuda_driver_version"] == "13.0" and record["inventory"]["gpus"][0]["name"] == "NVIDIA H200"
+    )
 
 
 def test_the_pool_check_on_a_real_h200_said_ok_alone_and_named_the_process_beside_it() -> None:
@@ -229,7 +270,9 @@ def test_pool_larger_than_the_fraction_allows_and_tp_sized_by_the_smallest_gpu()
     assert compare_pool("prefill", [gpu(0)], 0.5, 30.0, 36.0, 400_000).status == "high"
     check = compare_pool("prefill", [gpu(0, 80.0), gpu(1, 40.0)], 0.85, 10.0, 24.0, 100_000)
     assert check.gpu_total_gib == 40.0 and check.expected_kv_gib == pytest.approx(24.0) and check.status == "ok"
-    assert compare_pool("prefill", [gpu(0)], 0.3, 30.0, 1.0, 10).status == "low"  # the fraction does not hold the weights
+    assert (
+        compare_pool("prefill", [gpu(0)], 0.3, 30.0, 1.0, 10).status == "low"
+    )  # the fraction does not hold the weights
 
 
 def test_pool_without_a_reading_is_unknown_and_says_which() -> None:

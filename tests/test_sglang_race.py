@@ -6,7 +6,9 @@ from pathlib import Path
 
 from tests.sglang_race import TRANSFER_THREAD_DIED, RaceWatch, deaths_in_run
 
-DEATH = f"RuntimeError: {TRANSFER_THREAD_DIED} 6855142813804064824. Prefill instance with bootstrap_port=46015 is dead.\n"
+DEATH = (
+    f"RuntimeError: {TRANSFER_THREAD_DIED} 6855142813804064824. Prefill instance with bootstrap_port=46015 is dead.\n"
+)
 
 
 class FakePair:

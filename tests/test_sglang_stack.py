@@ -43,9 +43,14 @@ def fake_python(tmp_path: Path) -> str:
 
 
 def make_stack(tmp_path: Path, **changes: object) -> SGLangStack:
-    data: dict[str, object] = {"model_path": "fake/model", "python": fake_python(tmp_path), "mem_fraction_static": 0.8,
-                               "context_length": 8192, "startup_timeout_s": 60,
-                               "router": {"env": {"HF_ENDPOINT": "http://127.0.0.1:9"}}}
+    data: dict[str, object] = {
+        "model_path": "fake/model",
+        "python": fake_python(tmp_path),
+        "mem_fraction_static": 0.8,
+        "context_length": 8192,
+        "startup_timeout_s": 60,
+        "router": {"env": {"HF_ENDPOINT": "http://127.0.0.1:9"}},
+    }
     data.update(changes)
     return SGLangStack(SGLangSpec.model_validate(data), tmp_path / "run")
 
@@ -84,8 +89,10 @@ def test_up_serves_through_the_router_and_records_its_state(stack: SGLangStack) 
     endpoints = stack.endpoints
     assert httpx.get(f"{endpoints.router_url}/readiness", timeout=5, trust_env=False).status_code == 200
     workers = httpx.get(f"{endpoints.router_url}/workers", timeout=5, trust_env=False).json()["workers"]
-    assert sorted((w["worker_type"], w["url"]) for w in workers) == [("decode", stack.worker_url("decode")),
-                                                                     ("prefill", stack.worker_url("prefill"))]
+    assert sorted((w["worker_type"], w["url"]) for w in workers) == [
+        ("decode", stack.worker_url("decode")),
+        ("prefill", stack.worker_url("prefill")),
+    ]
     state = json.loads(stack.state_path(stack.run_dir).read_text())
     assert state["kind"] == "sglang" and {p["name"] for p in state["processes"]} == {"prefill", "decode", "router"}
     assert [c["name"] for c in state["commands"]] == ["prefill", "decode", "router"]
@@ -112,7 +119,10 @@ def test_pool_check_reads_metrics_and_server_info(stack: SGLangStack) -> None:
         return GpuInventory(True, gpus=tuple(Gpu(i, "H100", f"GPU-{i}", total_gib * 1024, 0.0) for i in (0, 1)))
 
     fits = pool_checks(stack, inventory(32.2))
-    assert [(c.role, c.status, c.reported_pool_tokens) for c in fits] == [("prefill", "ok", 80000), ("decode", "ok", 80000)]
+    assert [(c.role, c.status, c.reported_pool_tokens) for c in fits] == [
+        ("prefill", "ok", 80000),
+        ("decode", "ok", 80000),
+    ]
     assert fits[0].weights_gib == 16.0 and fits[0].mem_fraction_static == 0.8
     assert [c.status for c in pool_checks(stack, inventory(80.0))] == ["low", "low"]
 
@@ -128,7 +138,10 @@ def test_memory_fraction_fault_restarts_one_role_and_heals(stack: SGLangStack) -
     assert confirmation.confirmed, confirmation.evidence
     assert "pool_tokens: 80000 -> 50000" in confirmation.evidence
     assert gone(old_group)  # the whole old group, its child included
-    assert server_info(stack, "prefill")["mem_fraction_static"] == 0.5 and server_info(stack, "decode")["mem_fraction_static"] == 0.8
+    assert (
+        server_info(stack, "prefill")["mem_fraction_static"] == 0.5
+        and server_info(stack, "decode")["mem_fraction_static"] == 0.8
+    )
     assert stack.role_settings("prefill")["mem_fraction_static"] == 0.5
     fault.heal(ctx, plan)
     assert fault.audit(ctx, plan) == []

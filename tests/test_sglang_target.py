@@ -20,9 +20,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from chaos.campaign import load_campaign, parse_campaign
+from chaos.campaign_validation import load_campaign, parse_campaign
 from chaos.errors import TargetError, UsageError
-from chaos.facts import parse_log, parse_models, parse_prometheus_text, parse_server_info, read_pool_metrics
+from chaos.facts.endpoints import parse_models, parse_server_info
+from chaos.facts.log_starts import parse_log
+from chaos.facts.pool_metrics import read_pool_metrics
+from chaos.facts.prometheus import parse_prometheus_text
 from chaos.oracles.integrity import CORRUPTION_SIGNALS, TRANSFER_SIGNALS
 from chaos.targets.dialect import SGLANG
 from chaos.targets.launcher import PlannedCommand
@@ -38,11 +41,30 @@ FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 # Every launch_server flag pdchaos may emit, as SGLang's `server_args.py` names it (field names with
 # dashes; --tp-size from tp_size, --model-path / --served-model-name from ServerArgs' fields).
 SGLANG_SERVER_FLAGS = {
-    "--model-path", "--served-model-name", "--host", "--port", "--tp-size", "--base-gpu-id", "--nccl-port",
-    "--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
-    "--disaggregation-ib-device", "--mem-fraction-static", "--context-length", "--max-total-tokens", "--page-size",
-    "--enable-metrics", "--enable-deterministic-inference", "--random-seed", "--kv-canary", "--kv-canary-real-data",
-    "--kv-canary-sweep-interval", "--disaggregation-enable-kv-checksum", "--trust-remote-code", "--enable-cache-report",
+    "--model-path",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--tp-size",
+    "--base-gpu-id",
+    "--nccl-port",
+    "--disaggregation-mode",
+    "--disaggregation-transfer-backend",
+    "--disaggregation-bootstrap-port",
+    "--disaggregation-ib-device",
+    "--mem-fraction-static",
+    "--context-length",
+    "--max-total-tokens",
+    "--page-size",
+    "--enable-metrics",
+    "--enable-deterministic-inference",
+    "--random-seed",
+    "--kv-canary",
+    "--kv-canary-real-data",
+    "--kv-canary-sweep-interval",
+    "--disaggregation-enable-kv-checksum",
+    "--trust-remote-code",
+    "--enable-cache-report",
 }
 
 
@@ -75,15 +97,42 @@ class FakeLauncher:
 
 def full_spec(**changes: object) -> SGLangSpec:
     data: dict[str, object] = {
-        "model_path": "/models/Qwen3-32B", "served_model_name": "qwen", "python": "/opt/sglang/bin/python", "tp_size": 2,
-        "mem_fraction_static": 0.85, "context_length": 40960, "page_size": 64, "transfer_backend": "mooncake",
-        "ib_device": "mlx5_0,mlx5_1", "bootstrap_port": 8998, "deterministic": True, "random_seed": 7, "kv_canary": "raise",
-        "kv_canary_real_data": "partial", "kv_canary_sweep_interval": 100, "kv_checksum": True, "trust_remote_code": True,
-        "bootstrap_timeout_s": 20, "waiting_timeout_s": 25, "heartbeat_interval_s": 2.5, "heartbeat_max_failure": 1,
+        "model_path": "/models/Qwen3-32B",
+        "served_model_name": "qwen",
+        "python": "/opt/sglang/bin/python",
+        "tp_size": 2,
+        "mem_fraction_static": 0.85,
+        "context_length": 40960,
+        "page_size": 64,
+        "transfer_backend": "mooncake",
+        "ib_device": "mlx5_0,mlx5_1",
+        "bootstrap_port": 8998,
+        "deterministic": True,
+        "random_seed": 7,
+        "kv_canary": "raise",
+        "kv_canary_real_data": "partial",
+        "kv_canary_sweep_interval": 100,
+        "kv_checksum": True,
+        "trust_remote_code": True,
+        "bootstrap_timeout_s": 20,
+        "waiting_timeout_s": 25,
+        "heartbeat_interval_s": 2.5,
+        "heartbeat_max_failure": 1,
         "env": {"MC_TRANSFER_TIMEOUT": "10"},
-        "prefill": {"port": 30100, "nccl_port": 30300, "gpu_ids": [0, 1], "env": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "99"}},
-        "decode": {"port": 30200, "nccl_port": 30400, "gpu_ids": [2, 3], "mem_fraction_static": 0.7, "max_total_tokens": 500000,
-                   "extra_args": ["--max-running-requests", "64"]},
+        "prefill": {
+            "port": 30100,
+            "nccl_port": 30300,
+            "gpu_ids": [0, 1],
+            "env": {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "99"},
+        },
+        "decode": {
+            "port": 30200,
+            "nccl_port": 30400,
+            "gpu_ids": [2, 3],
+            "mem_fraction_static": 0.7,
+            "max_total_tokens": 500000,
+            "extra_args": ["--max-running-requests", "64"],
+        },
         "router": {"port": 30000, "metrics_port": 30090},
     }
     data.update(changes)
@@ -111,17 +160,42 @@ def test_server_commands_carry_every_setting_with_sglang_flag_names(tmp_path: Pa
     p, d = flag_values(prefill.argv), flag_values(decode.argv)
     assert set(p) <= SGLANG_SERVER_FLAGS and set(d) - {"--max-running-requests"} <= SGLANG_SERVER_FLAGS
     assert p == {
-        "--model-path": "/models/Qwen3-32B", "--disaggregation-mode": "prefill", "--host": "10.0.0.11", "--port": "30100",
-        "--tp-size": "2", "--base-gpu-id": "0", "--nccl-port": "30300", "--disaggregation-transfer-backend": "mooncake",
-        "--disaggregation-bootstrap-port": "8998", "--served-model-name": "qwen", "--mem-fraction-static": "0.85",
-        "--context-length": "40960", "--page-size": "64", "--disaggregation-ib-device": "mlx5_0,mlx5_1",
-        "--random-seed": "7", "--kv-canary-real-data": "partial", "--kv-canary-sweep-interval": "100", "--kv-canary": "raise",
-        "--enable-deterministic-inference": None, "--disaggregation-enable-kv-checksum": None, "--enable-metrics": None,
-        "--enable-cache-report": None, "--trust-remote-code": None,
+        "--model-path": "/models/Qwen3-32B",
+        "--disaggregation-mode": "prefill",
+        "--host": "10.0.0.11",
+        "--port": "30100",
+        "--tp-size": "2",
+        "--base-gpu-id": "0",
+        "--nccl-port": "30300",
+        "--disaggregation-transfer-backend": "mooncake",
+        "--disaggregation-bootstrap-port": "8998",
+        "--served-model-name": "qwen",
+        "--mem-fraction-static": "0.85",
+        "--context-length": "40960",
+        "--page-size": "64",
+        "--disaggregation-ib-device": "mlx5_0,mlx5_1",
+        "--random-seed": "7",
+        "--kv-canary-real-data": "partial",
+        "--kv-canary-sweep-interval": "100",
+        "--kv-canary": "raise",
+        "--enable-deterministic-inference": None,
+        "--disaggregation-enable-kv-checksum": None,
+        "--enable-metrics": None,
+        "--enable-cache-report": None,
+        "--trust-remote-code": None,
     }
     # decode: its own mode, port, fraction and pool; the same bootstrap port (it falls back to it)
-    assert (d["--disaggregation-mode"], d["--host"], d["--port"], d["--nccl-port"]) == ("decode", "10.0.0.12", "30200", "30400")
-    assert (d["--mem-fraction-static"], d["--max-total-tokens"], d["--disaggregation-bootstrap-port"]) == ("0.7", "500000", "8998")
+    assert (d["--disaggregation-mode"], d["--host"], d["--port"], d["--nccl-port"]) == (
+        "decode",
+        "10.0.0.12",
+        "30200",
+        "30400",
+    )
+    assert (d["--mem-fraction-static"], d["--max-total-tokens"], d["--disaggregation-bootstrap-port"]) == (
+        "0.7",
+        "500000",
+        "8998",
+    )
     assert decode.argv[-2:] == ["--max-running-requests", "64"]
     assert "--max-total-tokens" not in p
     assert (prefill.ready_url, decode.ready_url) == ("http://10.0.0.11:30100/health", "http://10.0.0.12:30200/health")
@@ -132,10 +206,12 @@ def test_server_commands_carry_every_setting_with_sglang_flag_names(tmp_path: Pa
 def test_server_environment_gpus_timeouts_and_campaign_env(tmp_path: Path) -> None:
     prefill, decode, _ = SGLangStack(full_spec(), tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
     assert prefill.env == {
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "0,1",
         "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "20",
         "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "99",  # the role's own env wins over the typed field
-        "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2.5", "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "1",
+        "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2.5",
+        "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "1",
         "MC_TRANSFER_TIMEOUT": "10",
     }
     assert decode.env["CUDA_VISIBLE_DEVICES"] == "2,3" and decode.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "25"
@@ -147,26 +223,52 @@ def test_defaults_one_node_layout_shortened_timeouts_and_engine_defaults(tmp_pat
     stack = SGLangStack(spec, tmp_path, FakeLauncher())  # type: ignore[arg-type]
     prefill, decode, _ = stack.plan()
     assert (prefill.env["CUDA_VISIBLE_DEVICES"], decode.env["CUDA_VISIBLE_DEVICES"]) == ("0,1", "2,3")
-    assert prefill.env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == "30" and prefill.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "30"
+    assert (
+        prefill.env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == "30"
+        and prefill.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "30"
+    )
     assert "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL" not in prefill.env
     flags = flag_values(prefill.argv)
     # What the campaign leaves out, SGLang decides: no flag at all, not a guessed value.
-    for flag in ("--mem-fraction-static", "--context-length", "--max-total-tokens", "--page-size", "--kv-canary",
-                 "--disaggregation-ib-device", "--enable-deterministic-inference", "--disaggregation-enable-kv-checksum"):
+    for flag in (
+        "--mem-fraction-static",
+        "--context-length",
+        "--max-total-tokens",
+        "--page-size",
+        "--kv-canary",
+        "--disaggregation-ib-device",
+        "--enable-deterministic-inference",
+        "--disaggregation-enable-kv-checksum",
+    ):
         assert flag not in flags
     assert "--enable-metrics" in flags and prefill.argv[0] == sys.executable
     ports = stack.ports
-    assert len({ports.prefill, ports.decode, ports.prefill_nccl, ports.decode_nccl, ports.bootstrap, ports.router,
-                ports.router_metrics}) == 7
+    assert (
+        len(
+            {
+                ports.prefill,
+                ports.decode,
+                ports.prefill_nccl,
+                ports.decode_nccl,
+                ports.bootstrap,
+                ports.router,
+                ports.router_metrics,
+            }
+        )
+        == 7
+    )
     assert stack.plan() == [prefill, decode, stack.plan()[2]]  # planned once: plan() and up() agree
-    no_timeouts = SGLangStack(SGLangSpec(model_path="m", bootstrap_timeout_s=None, waiting_timeout_s=None), tmp_path,
-                              FakeLauncher()).plan()[0]  # type: ignore[arg-type]
+    no_timeouts = SGLangStack(
+        SGLangSpec(model_path="m", bootstrap_timeout_s=None, waiting_timeout_s=None), tmp_path, FakeLauncher()
+    ).plan()[0]  # type: ignore[arg-type]
     assert not any(k.startswith("SGLANG_") for k in no_timeouts.env)
 
 
 def test_mooncake_tcp_and_nixl_take_no_ib_device(tmp_path: Path) -> None:
     for backend in ("mooncake_tcp", "nixl"):
-        argv = SGLangStack(SGLangSpec(model_path="m", transfer_backend=backend), tmp_path, FakeLauncher()).plan()[0].argv  # type: ignore[arg-type]
+        argv = (
+            SGLangStack(SGLangSpec(model_path="m", transfer_backend=backend), tmp_path, FakeLauncher()).plan()[0].argv
+        )  # type: ignore[arg-type]
         assert flag_values(argv)["--disaggregation-transfer-backend"] == backend
         assert "--disaggregation-ib-device" not in argv
         with pytest.raises(ValidationError, match="ib_device applies to transfer_backend mooncake only"):
@@ -179,17 +281,41 @@ def test_router_command_is_pd_mode_with_retries_and_breaker_off_by_default(tmp_p
     flags = flag_values(router.argv)
     assert "--pd-disaggregation" in flags and "--disable-retries" in flags and "--disable-circuit-breaker" in flags
     i = router.argv.index("--prefill")
-    assert router.argv[i:i + 3] == ["--prefill", "http://10.0.0.11:30100", "8998"]
+    assert router.argv[i : i + 3] == ["--prefill", "http://10.0.0.11:30100", "8998"]
     assert router.argv[router.argv.index("--decode") + 1] == "http://10.0.0.12:30200"
-    assert (flags["--host"], flags["--port"], flags["--prometheus-host"], flags["--prometheus-port"]) == ("10.0.0.10", "30000", "10.0.0.10", "30090")
+    assert (flags["--host"], flags["--port"], flags["--prometheus-host"], flags["--prometheus-port"]) == (
+        "10.0.0.10",
+        "30000",
+        "10.0.0.10",
+        "30090",
+    )
     assert (flags["--policy"], flags["--health-check-interval-secs"]) == ("round_robin", "5")
 
-    kept = SGLangStack(full_spec(router={"retries": True, "max_retries": 2, "circuit_breaker": True, "cb_failure_threshold": 4,
-                                         "policy": "cache_aware", "extra_args": ["--log-level", "debug"]}),
-                       tmp_path, FakeLauncher()).plan()[2].argv  # type: ignore[arg-type]
+    kept = (
+        SGLangStack(
+            full_spec(
+                router={
+                    "retries": True,
+                    "max_retries": 2,
+                    "circuit_breaker": True,
+                    "cb_failure_threshold": 4,
+                    "policy": "cache_aware",
+                    "extra_args": ["--log-level", "debug"],
+                }
+            ),
+            tmp_path,
+            FakeLauncher(),
+        )
+        .plan()[2]
+        .argv
+    )  # type: ignore[arg-type]
     kept_flags = flag_values(kept)
     assert "--disable-retries" not in kept_flags and "--disable-circuit-breaker" not in kept_flags
-    assert (kept_flags["--retry-max-retries"], kept_flags["--cb-failure-threshold"], kept_flags["--policy"]) == ("2", "4", "cache_aware")
+    assert (kept_flags["--retry-max-retries"], kept_flags["--cb-failure-threshold"], kept_flags["--policy"]) == (
+        "2",
+        "4",
+        "cache_aware",
+    )
     assert kept[-2:] == ["--log-level", "debug"]
 
 
@@ -198,11 +324,15 @@ def test_smg_front_takes_the_same_flags_and_is_ready_when_it_lists_both_roles(tm
     module; readiness is its /workers list, since its /readiness is 200 before it has workers."""
     from chaos.targets.sglang.readiness import workers_ready
 
-    stack = SGLangStack(full_spec(router={"port": 30000, "metrics_port": 30090, "front": "smg"}), tmp_path, FakeLauncher())  # type: ignore[arg-type]
+    stack = SGLangStack(
+        full_spec(router={"port": 30000, "metrics_port": 30090, "front": "smg"}), tmp_path, FakeLauncher()
+    )  # type: ignore[arg-type]
     router = stack.plan()[2]
     classic = SGLangStack(full_spec(), tmp_path, FakeLauncher()).plan()[2]  # type: ignore[arg-type]
     assert router.argv[1:4] == ["-m", "smg", "launch"] and router.argv[4:] == classic.argv[3:]
-    assert router.ready_url == "http://10.0.0.10:30000/workers" and classic.ready_url == "http://10.0.0.10:30000/readiness"
+    assert (
+        router.ready_url == "http://10.0.0.10:30000/workers" and classic.ready_url == "http://10.0.0.10:30000/readiness"
+    )
     prefill = {"worker_type": "prefill", "is_healthy": True, "status": "ready", "bootstrap_port": 8998}
     decode = {"worker_type": "decode", "is_healthy": True, "status": "ready"}
     assert workers_ready({"workers": [prefill, decode], "total": 2})
@@ -215,8 +345,9 @@ def test_smg_front_takes_the_same_flags_and_is_ready_when_it_lists_both_roles(tm
 @pytest.mark.parametrize("front", ["sglang-router", "smg"])
 def test_router_flags_exist_in_the_installed_router(tmp_path: Path, front: str) -> None:
     module = ["-m", "sglang_router.launch_router"] if front == "sglang-router" else ["-m", "smg", "launch"]
-    help_text = subprocess.run([sys.executable, *module, "--help"], capture_output=True,
-                               text=True, timeout=100, check=False).stdout
+    help_text = subprocess.run(
+        [sys.executable, *module, "--help"], capture_output=True, text=True, timeout=100, check=False
+    ).stdout
     assert "--pd-disaggregation" in help_text, help_text[:2000]
     known = set(re.findall(r"--[a-z][a-z0-9-]+", help_text))
     for router in ({}, {"retries": True, "max_retries": 2, "circuit_breaker": True, "cb_failure_threshold": 4}):
@@ -228,34 +359,51 @@ def test_router_flags_exist_in_the_installed_router(tmp_path: Path, front: str) 
 # ----------------------------------------------------------------------------- validation ----
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"kv_canary": "none", "kv_canary_sweep_interval": 5, "kv_canary_real_data": None}, "need kv_canary: log or raise"),
-    ({"prefill": {"gpu_ids": [0]}}, r"prefill.gpu_ids \[0\] has 1 GPU\(s\) for tp_size 2"),
-    ({"prefill": {"gpu_ids": [0, 0]}}, "lists a GPU twice"),
-    ({"host": "10.0.0.5", "decode": {"gpu_ids": [1, 2]}, "mem_fraction_static": None},
-     r"share GPU\(s\) \[1\] on one host: set mem_fraction_static"),
-    ({"host": "10.0.0.5", "decode": {"gpu_ids": [1, 2], "mem_fraction_static": 0.5}}, "leave no room for activations"),
-    ({"extra_args": ["--port=1"]}, "extra_args sets --port"),
-    ({"decode": {"extra_args": ["--tp", "4"]}}, "extra_args sets --tp"),
-    ({"host": "0.0.0.0"}, "is a wildcard"),
-    ({"bootstrap_port": 30100}, "are both port 30100"),
-    ({"router": {"max_retries": 3}}, "max_retries needs retries: true"),
-    ({"router": {"extra_args": ["--disable-retries"]}}, "router.extra_args sets --disable-retries"),
-    ({"transfer_backend": "fake"}, "transfer_backend"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"kv_canary": "none", "kv_canary_sweep_interval": 5, "kv_canary_real_data": None},
+            "need kv_canary: log or raise",
+        ),
+        ({"prefill": {"gpu_ids": [0]}}, r"prefill.gpu_ids \[0\] has 1 GPU\(s\) for tp_size 2"),
+        ({"prefill": {"gpu_ids": [0, 0]}}, "lists a GPU twice"),
+        (
+            {"host": "10.0.0.5", "decode": {"gpu_ids": [1, 2]}, "mem_fraction_static": None},
+            r"share GPU\(s\) \[1\] on one host: set mem_fraction_static",
+        ),
+        (
+            {"host": "10.0.0.5", "decode": {"gpu_ids": [1, 2], "mem_fraction_static": 0.5}},
+            "leave no room for activations",
+        ),
+        ({"extra_args": ["--port=1"]}, "extra_args sets --port"),
+        ({"decode": {"extra_args": ["--tp", "4"]}}, "extra_args sets --tp"),
+        ({"host": "0.0.0.0"}, "is a wildcard"),
+        ({"bootstrap_port": 30100}, "are both port 30100"),
+        ({"router": {"max_retries": 3}}, "max_retries needs retries: true"),
+        ({"router": {"extra_args": ["--disable-retries"]}}, "router.extra_args sets --disable-retries"),
+        ({"transfer_backend": "fake"}, "transfer_backend"),
+    ],
+)
 def test_spec_rejects_inconsistent_settings(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         full_spec(**changes)
 
 
 def test_roles_on_one_gpu_with_fractions_that_fit_and_ports_on_separate_hosts(tmp_path: Path) -> None:
-    one_gpu = SGLangSpec(model_path="m", prefill={"gpu_ids": [0], "mem_fraction_static": 0.4},
-                         decode={"gpu_ids": [0], "mem_fraction_static": 0.4})
+    one_gpu = SGLangSpec(
+        model_path="m",
+        prefill={"gpu_ids": [0], "mem_fraction_static": 0.4},
+        decode={"gpu_ids": [0], "mem_fraction_static": 0.4},
+    )
     assert one_gpu.gpu_ids_of("prefill") == one_gpu.gpu_ids_of("decode") == [0]
     assert SGLangStack(one_gpu, tmp_path).plan()[0].env["CUDA_VISIBLE_DEVICES"] == "0"
     # Two nodes may use the same port and the same GPU index.
-    SGLangSpec(model_path="m", prefill={"host": "10.0.0.11", "port": 30000, "gpu_ids": [0]},
-               decode={"host": "10.0.0.12", "port": 30000, "gpu_ids": [0]})
+    SGLangSpec(
+        model_path="m",
+        prefill={"host": "10.0.0.11", "port": 30000, "gpu_ids": [0]},
+        decode={"host": "10.0.0.12", "port": 30000, "gpu_ids": [0]},
+    )
 
 
 def test_one_gpu_for_both_roles_is_checked_with_the_hosts_the_launcher_gives(tmp_path: Path) -> None:
@@ -272,7 +420,12 @@ def test_one_gpu_for_both_roles_is_checked_with_the_hosts_the_launcher_gives(tmp
 
 def test_campaign_errors_name_the_sglang_field() -> None:
     with pytest.raises(UsageError, match=r"target.sglang.decode.mem_fraction_static: .*less than 1"):
-        parse_campaign({"name": "x", "target": {"kind": "sglang", "sglang": {"model_path": "m", "decode": {"mem_fraction_static": 1.5}}}})
+        parse_campaign(
+            {
+                "name": "x",
+                "target": {"kind": "sglang", "sglang": {"model_path": "m", "decode": {"mem_fraction_static": 1.5}}},
+            }
+        )
     with pytest.raises(UsageError, match=r"target.sglang.tp_sise: unknown field"):
         parse_campaign({"name": "x", "target": {"kind": "sglang", "sglang": {"model_path": "m", "tp_sise": 2}}})
 
@@ -304,8 +457,11 @@ def test_restart_settings_change_what_the_fault_changes_and_nothing_fixed(tmp_pa
     stack = SGLangStack(full_spec(), tmp_path, FakeLauncher())  # type: ignore[arg-type]
     before = stack.role_settings("decode")
     assert {"mem_fraction_static", "max_total_tokens", "context_length", "env"} <= set(before)
-    settings = with_overrides(stack.settings["decode"], {"SGLANG_TEST_DISAGG_FAILURE_PROB": "0.1"},
-                              {"mem_fraction_static": 0.5, "max_total_tokens": None, "gpu_ids": [2, 3]})
+    settings = with_overrides(
+        stack.settings["decode"],
+        {"SGLANG_TEST_DISAGG_FAILURE_PROB": "0.1"},
+        {"mem_fraction_static": 0.5, "max_total_tokens": None, "gpu_ids": [2, 3]},
+    )
     flags = flag_values(server_command(settings))
     assert flags["--mem-fraction-static"] == "0.5" and "--max-total-tokens" not in flags
     assert server_env(settings)["SGLANG_TEST_DISAGG_FAILURE_PROB"] == "0.1"
@@ -331,11 +487,16 @@ def test_server_info_and_models_fixtures() -> None:
 def test_metrics_fixture_pool_constants_memory_and_dialect_counters() -> None:
     text = (FIXTURES / "metrics_prefill_tp2.txt").read_text()
     pool = read_pool_metrics(text)
-    assert (pool.max_total_num_tokens, pool.context_len, pool.page_size, pool.engine_types) == (402816, 40960, 64, ("prefill",))
+    assert (pool.max_total_num_tokens, pool.context_len, pool.page_size, pool.engine_types) == (
+        402816,
+        40960,
+        64,
+        ("prefill",),
+    )
     assert len(pool.series) == 2  # one per TP rank
     memory = memory_from_metrics(text)
     assert (memory.weights_gib, memory.kv_gib, memory.pool_tokens) == (30.62, 36.86, 402816)  # worst rank of each
-    from chaos.facts import parse_prometheus_text
+    from chaos.facts.prometheus import parse_prometheus_text
 
     names = {s.name for s in parse_prometheus_text(text)}
     assert set(SGLANG.transfer_failure_metrics) <= names and set(SGLANG.aborted_metrics) <= names
@@ -345,7 +506,9 @@ def test_log_fixture_starts_memory_of_the_latest_start() -> None:
     lines = (FIXTURES / "prefill_tp2.log").read_text().splitlines(keepends=True)
     starts = parse_log(lines)
     assert [(s.role, s.pool_tokens, s.context_len, s.ready) for s in starts] == [
-        ("prefill", 402816, 40960, True), ("prefill", 153600, 40960, True)]
+        ("prefill", 402816, 40960, True),
+        ("prefill", 153600, 40960, True),
+    ]
     memory = memory_from_log(lines)  # a restarted server appends: the latest start is the one running
     assert memory.pool_tokens == 153600 and memory.weights_gib == 30.64
     assert memory.kv_gib == pytest.approx(14.06)
@@ -367,8 +530,15 @@ def test_integrity_signals_and_fault_confirmations_recognise_sglang_log_lines() 
     prefill = (FIXTURES / "prefill_tp2.log").read_text().splitlines()
     decode = (FIXTURES / "decode.log").read_text().splitlines()
     found = {c for line in prefill + decode if (c := _classify(line))}
-    assert {"kv_canary_violation", "context_corruption", "kv_transfer_error", "send_kv_chunk_failed", "get_kvcache_failed",
-            "lost_prefill_connection", "poll_timeout"} <= found
+    assert {
+        "kv_canary_violation",
+        "context_corruption",
+        "kv_transfer_error",
+        "send_kv_chunk_failed",
+        "get_kvcache_failed",
+        "lost_prefill_connection",
+        "poll_timeout",
+    } <= found
     # transfer_stall confirms from the peer's log with the dialect's pattern
     timeout = re.compile(SGLANG.transfer_timeout_log)
     assert sum(bool(timeout.search(line)) for line in prefill) == 2  # the poll timeout and the failure carrying it
@@ -407,7 +577,9 @@ def test_the_gpu_tests_short_campaign_validates(gpus: int, tmp_path: Path) -> No
     campaign = parse_campaign(short_campaign(gpus, "/models/m", sys.executable, "mooncake_tcp"))
     assert campaign.target.sglang is not None
     prefill, decode, _ = SGLangStack(campaign.target.sglang, tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
-    assert (prefill.env["CUDA_VISIBLE_DEVICES"], decode.env["CUDA_VISIBLE_DEVICES"]) == (("0", "0") if gpus == 1 else ("0", "1"))
+    assert (prefill.env["CUDA_VISIBLE_DEVICES"], decode.env["CUDA_VISIBLE_DEVICES"]) == (
+        ("0", "0") if gpus == 1 else ("0", "1")
+    )
 
 
 # ------------------------------------------------------------------------------ readiness ----
@@ -433,7 +605,7 @@ def health_server() -> Iterator[tuple[str, list[float]]]:
     calls: list[float] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             calls.append(time.monotonic())
             if len(calls) <= 2:
                 self.send_response(503)
@@ -468,12 +640,15 @@ def test_readiness_stops_at_once_when_the_server_dies_and_names_its_log() -> Non
 
     with pytest.raises(RuntimeError, match=r"(?s)prefill exited with code 1 .*CUDA out of memory"):
         await_health("http://127.0.0.1:9/health", 30, FakeProcess(alive=False))  # type: ignore[arg-type]
-    with pytest.raises(TimeoutError, match=r"(?s)did not answer 200 within 1s \(last: ConnectError\).*CUDA out of memory"):
+    with pytest.raises(
+        TimeoutError, match=r"(?s)did not answer 200 within 1s \(last: ConnectError\).*CUDA out of memory"
+    ):
         await_health("http://127.0.0.1:9/health", 1, FakeProcess())  # type: ignore[arg-type]
 
 
 def test_readiness_believes_the_log_over_a_health_answer_when_the_port_was_taken(
-        health_server: tuple[str, list[float]]) -> None:
+    health_server: tuple[str, list[float]],
+) -> None:
     """The port was free when chosen and taken before the server bound it (uvicorn logs the
     failure and the server lingers): whatever took it may answer /health. The stack starts again
     on fresh ports (`PortTaken`), never trusting that answer."""
@@ -482,8 +657,10 @@ def test_readiness_believes_the_log_over_a_health_answer_when_the_port_was_taken
 
     class Unbound(FakeProcess):
         def read_log(self) -> str:
-            return ("INFO:     Application startup complete.\n"
-                    "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 34775): address already in use\n")
+            return (
+                "INFO:     Application startup complete.\n"
+                "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 34775): address already in use\n"
+            )
 
     url, calls = health_server
     with pytest.raises(PortTaken, match="could not bind its port"):
@@ -513,8 +690,11 @@ def test_ports_chosen_free_never_repeat_one_already_taken(tmp_path: Path) -> Non
 def test_cpu_device_adds_only_what_cpu_needs_and_the_tier_defaults(tmp_path: Path) -> None:
     """`device: cpu` runs the same commands as on GPUs plus the CPU flags and environment
     (docs/sglang-cpu-tier.md): the venv's python and model, Mooncake over TCP, a small explicit pool."""
-    cuda = SGLangStack(SGLangSpec(model_path="m", transfer_backend="mooncake_tcp", max_total_tokens=8192,
-                                  mem_fraction_static=0.05), tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
+    cuda = SGLangStack(
+        SGLangSpec(model_path="m", transfer_backend="mooncake_tcp", max_total_tokens=8192, mem_fraction_static=0.05),
+        tmp_path,
+        FakeLauncher(),
+    ).plan()  # type: ignore[arg-type]
     cpu = SGLangStack(SGLangSpec(model_path="m", device="cpu"), tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
     for role, gpu_cmd, cpu_cmd in (("prefill", cuda[0], cpu[0]), ("decode", cuda[1], cpu[1])):
         added = ["--device", "cpu", "--disable-overlap-schedule", "--disable-cuda-graph"]
@@ -522,10 +702,14 @@ def test_cpu_device_adds_only_what_cpu_needs_and_the_tier_defaults(tmp_path: Pat
             added += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
         assert cpu_cmd.argv[3:] == gpu_cmd.argv[3:] + added  # after the python and `-m sglang.launch_server`
         assert cpu_cmd.argv[0].endswith(".venv-sglang/bin/python")
-        assert cpu_cmd.env["SGLANG_USE_CPU_ENGINE"] == "1" and cpu_cmd.env["SGLANG_HOST_IP"] == "10.0.0.1" + ("1" if role == "prefill" else "2")
+        assert cpu_cmd.env["SGLANG_USE_CPU_ENGINE"] == "1" and cpu_cmd.env["SGLANG_HOST_IP"] == "10.0.0.1" + (
+            "1" if role == "prefill" else "2"
+        )
         assert cpu_cmd.env["LD_LIBRARY_PATH"].endswith(".venv-sglang/native/lib")
         assert "CUDA_VISIBLE_DEVICES" not in cpu_cmd.env
-        assert cpu_cmd.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == gpu_cmd.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"]
+        assert (
+            cpu_cmd.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == gpu_cmd.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"]
+        )
     assert cpu[2].argv == cuda[2].argv[:1] + cpu[2].argv[1:] and "--pd-disaggregation" in cpu[2].argv
     tier = SGLangSpec(device="cpu")
     assert (tier.transfer_backend, tier.max_total_tokens, tier.mem_fraction_static) == ("mooncake_tcp", 8192, 0.05)
@@ -545,8 +729,21 @@ def test_cpu_device_adds_only_what_cpu_needs_and_the_tier_defaults(tmp_path: Pat
 def test_shipped_cpu_campaign_plans_the_tier(tmp_path: Path) -> None:
     campaign = load_campaign(ROOT / "campaigns" / "sglang-cpu.yaml")
     assert campaign.target.sglang is not None and campaign.target.sglang.device == "cpu"
-    done = subprocess.run([sys.executable, "-m", "chaos.cli", "plan", str(ROOT / "campaigns" / "sglang-cpu.yaml"),
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "chaos.cli",
+            "plan",
+            str(ROOT / "campaigns" / "sglang-cpu.yaml"),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("--device cpu") == 2 and "SGLANG_USE_CPU_ENGINE=1" in done.stdout
     assert "--disaggregation-decode-retraction-backup cpu_tensor" in done.stdout
@@ -561,7 +758,9 @@ def test_cpu_patcher_applies_once_reports_unneeded_and_refuses_unknown_text(tmp_
     for path in (prefill, nixl):
         path.parent.mkdir(parents=True, exist_ok=True)
     prefill.write_text("def send_kv_chunk():\n" + patch_sources.CONDITIONS[0].old + "        x = y(pin_memory=True)\n")
-    nixl.write_text("class M:\n    def __init__(self, server_args):\n" + patch_sources.CONDITIONS[1].old + '        k = "VRAM"\n')
+    nixl.write_text(
+        "class M:\n    def __init__(self, server_args):\n" + patch_sources.CONDITIONS[1].old + '        k = "VRAM"\n'
+    )
     assert patch_sources.main(["--check", str(package)]) == 1  # unpatched
     assert patch_sources.main([str(package)]) == 0
     assert patch_sources.MARK in prefill.read_text() and patch_sources.MARK in nixl.read_text()
@@ -579,9 +778,17 @@ def test_cpu_patcher_applies_once_reports_unneeded_and_refuses_unknown_text(tmp_
 def test_cpu_requirements_drop_cuda_only_packages_and_pin_the_index_torch() -> None:
     from chaos.targets.sglang.cpu.requirements import cpu_requirements
 
-    declared = ["torch==2.14.1", "torchvision", "flashinfer_python[cu13]==0.7.2", "sglang-kernel==0.4.10", "fastapi",
-                'av==16.1.0; sys_platform == "linux" and platform_machine == "aarch64"', 'pytest; extra == "test"',
-                "torchaudio==2.11.0", "transformers==5.19.0"]
+    declared = [
+        "torch==2.14.1",
+        "torchvision",
+        "flashinfer_python[cu13]==0.7.2",
+        "sglang-kernel==0.4.10",
+        "fastapi",
+        'av==16.1.0; sys_platform == "linux" and platform_machine == "aarch64"',
+        'pytest; extra == "test"',
+        "torchaudio==2.11.0",
+        "transformers==5.19.0",
+    ]
     assert cpu_requirements(declared) == ["torch===2.14.1", "torchvision", "fastapi", "transformers==5.19.0"]
 
 
@@ -601,7 +808,12 @@ def test_real_0_5_23_startup_logs_server_info_and_metrics_read_as_the_suite_expe
         # context_length is the flag (null: the model's own), the pool and max input are resolved
         assert (info.max_total_num_tokens, info.max_req_input_len, info.context_length) == (8192, 2042, None)
         pool = read_pool_metrics((REAL / f"metrics_{role}.txt").read_text())
-        assert (pool.max_total_num_tokens, pool.context_len, pool.page_size, pool.engine_types) == (8192, 2048, 1, (role,))
+        assert (pool.max_total_num_tokens, pool.context_len, pool.page_size, pool.engine_types) == (
+            8192,
+            2048,
+            1,
+            (role,),
+        )
     assert parse_models(json.loads((REAL / "models.json").read_text())).max_model_len == 2048
 
 

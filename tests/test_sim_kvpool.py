@@ -172,7 +172,7 @@ def _cached_prompt(cache: PrefixCache, tokens: list[int]) -> tuple[list[bytes], 
 def test_match_returns_longest_cached_prefix_and_takes_references() -> None:
     pool = KVPool(num_pages=16, page_size=2)
     cache = PrefixCache(pool)
-    keys, pages = _cached_prompt(cache, [1, 2, 3, 4, 5, 6])
+    _keys, pages = _cached_prompt(cache, [1, 2, 3, 4, 5, 6])
     assert len(cache) == 3
     assert [pool.refcount(p) for p in pages] == [1, 1, 1]  # held by the cache alone
 

@@ -86,7 +86,13 @@ def test_generate_fields() -> None:
     inp = parse_generate(
         {
             "input_ids": [1, 2, 3],
-            "sampling_params": {"max_new_tokens": 0, "temperature": 0.5, "sampling_seed": 42, "ignore_eos": True, "stop": ["\n", "END"]},
+            "sampling_params": {
+                "max_new_tokens": 0,
+                "temperature": 0.5,
+                "sampling_seed": 42,
+                "ignore_eos": True,
+                "stop": ["\n", "END"],
+            },
             "stream": True,
             "rid": "req-1",
         },
@@ -110,7 +116,10 @@ def test_openai_fields() -> None:
         {
             "messages": [
                 {"role": "system", "content": "be brief"},
-                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}],
+                },
             ],
             "max_tokens": 5,
             "max_completion_tokens": None,
@@ -220,7 +229,7 @@ def test_parse_generate_rejects(body: dict[str, Any]) -> None:
 def test_parse_generate_messages() -> None:
     with pytest.raises(BadRequest, match="not both"):
         parse_generate({"text": "a", "input_ids": [1]}, DEFAULT_MAX)
-    with pytest.raises(BadRequest, match="Either text or input_ids should be provided."):
+    with pytest.raises(BadRequest, match=r"Either text or input_ids should be provided."):
         parse_generate({}, DEFAULT_MAX)
     with pytest.raises(BadRequest, match="max_new_tokens must be at least 0, got -1"):
         parse_generate({"text": "a", "sampling_params": {"max_new_tokens": -1}}, DEFAULT_MAX)
@@ -238,14 +247,26 @@ def test_parse_generate_messages() -> None:
         pytest.param("chat", {"messages": [{"role": "robot", "content": "hi"}]}, id="chat-bad-role"),
         pytest.param("chat", {"messages": [{"content": "hi"}]}, id="chat-no-role"),
         pytest.param("chat", {"messages": [{"role": "user", "content": 5}]}, id="chat-content-int"),
-        pytest.param("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, id="chat-max-negative"),
-        pytest.param("chat", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": True}, id="chat-max-bool"),
-        pytest.param("chat", {"messages": [{"role": "user", "content": "hi"}], "stream": "true"}, id="chat-stream-string"),
-        pytest.param("chat", {"messages": [{"role": "user", "content": "hi"}], "stream_options": True}, id="chat-stream-options"),
+        pytest.param(
+            "chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}, id="chat-max-negative"
+        ),
+        pytest.param(
+            "chat", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": True}, id="chat-max-bool"
+        ),
+        pytest.param(
+            "chat", {"messages": [{"role": "user", "content": "hi"}], "stream": "true"}, id="chat-stream-string"
+        ),
+        pytest.param(
+            "chat", {"messages": [{"role": "user", "content": "hi"}], "stream_options": True}, id="chat-stream-options"
+        ),
         pytest.param("chat", {"messages": [{"role": "user", "content": "hi"}], "model": 3}, id="chat-model-int"),
-        pytest.param("chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, id="chat-temperature"),
+        pytest.param(
+            "chat", {"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, id="chat-temperature"
+        ),
         pytest.param("chat", {"messages": [{"role": "user", "content": "hi"}], "seed": "1"}, id="chat-seed-string"),
-        pytest.param("chat", {"messages": [{"role": "user", "content": "hi"}], "bootstrap_room": False}, id="chat-room-bool"),
+        pytest.param(
+            "chat", {"messages": [{"role": "user", "content": "hi"}], "bootstrap_room": False}, id="chat-room-bool"
+        ),
         pytest.param("completions", {}, id="completions-no-prompt"),
         pytest.param("completions", {"prompt": 5}, id="completions-prompt-int"),
         pytest.param("completions", {"prompt": ["a", "b"]}, id="completions-prompt-batch"),
@@ -328,8 +349,26 @@ def test_error_bodies_match_sglang() -> None:
         "param": None,
         "code": 400,
     }
-    assert openai_error_body("boom", 500) == {"object": "error", "message": "boom", "type": "500", "param": None, "code": 500}
-    assert server_error_body("boom", 500) == {"object": "error", "message": "boom", "type": "500", "param": None, "code": 500}
-    assert server_error_body("busy", 503) == {"object": "error", "message": "busy", "type": "503", "param": None, "code": 503}
+    assert openai_error_body("boom", 500) == {
+        "object": "error",
+        "message": "boom",
+        "type": "500",
+        "param": None,
+        "code": 500,
+    }
+    assert server_error_body("boom", 500) == {
+        "object": "error",
+        "message": "boom",
+        "type": "500",
+        "param": None,
+        "code": 500,
+    }
+    assert server_error_body("busy", 503) == {
+        "object": "error",
+        "message": "busy",
+        "type": "503",
+        "param": None,
+        "code": 503,
+    }
     # JSON-serialisable as is (param null).
     assert json.loads(json.dumps(openai_error_body("x", 400)))["param"] is None

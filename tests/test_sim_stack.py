@@ -17,8 +17,8 @@ import pytest
 from chaos.process import free_port, launch, pid_alive, wait_http_ok
 from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
 from chaos.targets.sim.stack import SimStack, SimStackConfig
-from chaos.targets.state import stop_from_state
 from chaos.targets.sim.worker import command_for
+from chaos.targets.state import stop_from_state
 from tests.conftest import another_runs_server, running, start_stack, wait_until
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,9 @@ def pool_idle(client: httpx.Client, stack: SimStack) -> bool:
 # ------------------------------------------------------------------------------ determinism ----
 
 
-def test_greedy_output_is_the_same_every_time_with_and_without_the_router(sim_stack: SimStack, client: httpx.Client, tmp_path: Path) -> None:
+def test_greedy_output_is_the_same_every_time_with_and_without_the_router(
+    sim_stack: SimStack, client: httpx.Client, tmp_path: Path
+) -> None:
     prompt = "Write three words about the sea and the harbour lights."
     through_router = {generate(client, sim_stack.router_url, prompt).json()["text"] for _ in range(3)}
     assert len(through_router) == 1
@@ -66,8 +68,10 @@ def test_greedy_output_is_the_same_every_time_with_and_without_the_router(sim_st
 
     # And the handoff done by hand, as the router does it: same body to both workers at once.
     body = {
-        "text": prompt, "sampling_params": {"max_new_tokens": 16, **GREEDY},
-        "bootstrap_host": "127.0.0.1", "bootstrap_port": sim_stack.endpoints.workers[0].bootstrap_port,
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": 16, **GREEDY},
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": sim_stack.endpoints.workers[0].bootstrap_port,
         "bootstrap_room": 123456789,
     }
 
@@ -84,7 +88,9 @@ def test_greedy_output_is_the_same_every_time_with_and_without_the_router(sim_st
     assert decode.json()["text"] == text
 
 
-def test_repeat_prompt_comes_back_verbatim_and_generate_prompt_does_not(sim_stack: SimStack, client: httpx.Client) -> None:
+def test_repeat_prompt_comes_back_verbatim_and_generate_prompt_does_not(
+    sim_stack: SimStack, client: httpx.Client
+) -> None:
     repeat = "Please repeat this: order 4711 ships to Oslo on Friday."
     assert generate(client, sim_stack.router_url, repeat, 64).json()["text"] == repeat
     other = generate(client, sim_stack.router_url, "Tell me about order 4711 shipping to Oslo.", 64).json()["text"]
@@ -120,8 +126,14 @@ def test_streaming_generate_and_chat(sim_stack: SimStack, client: httpx.Client) 
     assert chunks[-1]["text"] == plain  # cumulative text, as SGLang streams by default
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] in ("length", "stop")
 
-    chat = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 12, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    chat = {
+        "model": "m",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with client.stream("POST", f"{sim_stack.router_url}/v1/chat/completions", json=chat) as response:
         assert response.status_code == 200
         events = _sse_events(response)
@@ -132,7 +144,9 @@ def test_streaming_generate_and_chat(sim_stack: SimStack, client: httpx.Client) 
     assert usage["completion_tokens"] >= 1 and usage["prompt_tokens"] > 0
     finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert finish and finish[-1] in ("length", "stop")
-    nonstream = client.post(f"{sim_stack.router_url}/v1/chat/completions", json={**chat, "stream": False, "stream_options": None}).json()
+    nonstream = client.post(
+        f"{sim_stack.router_url}/v1/chat/completions", json={**chat, "stream": False, "stream_options": None}
+    ).json()
     assert nonstream["choices"][0]["message"]["content"] == content
     assert nonstream["usage"]["prompt_tokens"] == usage["prompt_tokens"]
 
@@ -141,16 +155,23 @@ def test_streaming_generate_and_chat(sim_stack: SimStack, client: httpx.Client) 
 
 
 def test_concurrent_requests_each_get_their_own_output(sim_stack: SimStack, client: httpx.Client) -> None:
-    prompts = [f"Please repeat: customer {i:03d} owes {i * 37 % 1000} crowns. " + "detail " * (i * 13 % 90) for i in range(40)]
+    prompts = [
+        f"Please repeat: customer {i:03d} owes {i * 37 % 1000} crowns. " + "detail " * (i * 13 % 90) for i in range(40)
+    ]
     references = [generate(client, sim_stack.router_url, p, 48).json()["text"] for p in prompts]
     assert len(set(references)) == len(prompts)
 
     async def blast() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as ac:
-            return await asyncio.gather(*(
-                ac.post(f"{sim_stack.router_url}/generate", json={"text": p, "sampling_params": {"max_new_tokens": 48, **GREEDY}})
-                for p in prompts * 2
-            ))
+            return await asyncio.gather(
+                *(
+                    ac.post(
+                        f"{sim_stack.router_url}/generate",
+                        json={"text": p, "sampling_params": {"max_new_tokens": 48, **GREEDY}},
+                    )
+                    for p in prompts * 2
+                )
+            )
 
     replies = asyncio.run(blast())
     assert [r.status_code for r in replies] == [200] * len(replies)
@@ -163,16 +184,22 @@ def test_concurrent_requests_each_get_their_own_output(sim_stack: SimStack, clie
 def test_over_length_prompts_get_400_on_both_endpoints(sim_stack: SimStack, client: httpx.Client) -> None:
     context = sim_stack.settings["decode"].context_length
     too_long = "word " * (context + 10)
-    r = client.post(f"{sim_stack.router_url}/generate", json={"text": too_long, "sampling_params": {"max_new_tokens": 4}})
+    r = client.post(
+        f"{sim_stack.router_url}/generate", json={"text": too_long, "sampling_params": {"max_new_tokens": 4}}
+    )
     assert r.status_code == 400
     assert "longer than the model's context length" in r.text
-    r = client.post(f"{sim_stack.router_url}/v1/chat/completions",
-                    json={"model": "m", "messages": [{"role": "user", "content": too_long}], "max_tokens": 4})
+    r = client.post(
+        f"{sim_stack.router_url}/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": too_long}], "max_tokens": 4},
+    )
     assert r.status_code == 400
     assert "context length" in r.text
     # Just inside the context but at the scheduler's limit (max_req_input_len): also 400.
     limit = sim_stack.settings["decode"].max_req_input_len
-    r = client.post(f"{sim_stack.router_url}/generate", json={"input_ids": [7] * limit, "sampling_params": {"max_new_tokens": 1}})
+    r = client.post(
+        f"{sim_stack.router_url}/generate", json={"input_ids": [7] * limit, "sampling_params": {"max_new_tokens": 1}}
+    )
     assert r.status_code == 400
     assert "exceeds the maximum allowed length" in r.text
     # The stack still serves.
@@ -197,13 +224,27 @@ def test_server_info_loads_and_metrics_carry_sglang_fields(sim_stack: SimStack, 
         data = loads(client, url)
         for key in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens", "max_total_num_tokens", "token_usage"):
             assert key in data, key
-        for key in ("prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs", "decode_prealloc_queue_reqs",
-                    "decode_transfer_queue_reqs", "kv_transfer_speed_gb_s", "kv_transfer_latency_ms"):
+        for key in (
+            "prefill_bootstrap_queue_reqs",
+            "prefill_inflight_queue_reqs",
+            "decode_prealloc_queue_reqs",
+            "decode_transfer_queue_reqs",
+            "kv_transfer_speed_gb_s",
+            "kv_transfer_latency_ms",
+        ):
             assert key in data["disaggregation"], key
         metrics = client.get(f"{url}/metrics").text
-        for name in ("sglang:max_total_num_tokens", "sglang:context_len", "sglang:page_size", "sglang:num_used_tokens",
-                     "sglang:num_bootstrap_failed_reqs_total", "sglang:num_transfer_failed_reqs_total",
-                     "sglang:num_aborted_requests_total", "sglang:prompt_tokens_total", "sglang:num_requests_total"):
+        for name in (
+            "sglang:max_total_num_tokens",
+            "sglang:context_len",
+            "sglang:page_size",
+            "sglang:num_used_tokens",
+            "sglang:num_bootstrap_failed_reqs_total",
+            "sglang:num_transfer_failed_reqs_total",
+            "sglang:num_aborted_requests_total",
+            "sglang:prompt_tokens_total",
+            "sglang:num_requests_total",
+        ):
             assert name in metrics, name
         assert f'engine_type="{role}"' in metrics
     log = sim_stack.logs("prefill")
@@ -215,12 +256,22 @@ def test_server_info_loads_and_metrics_carry_sglang_fields(sim_stack: SimStack, 
 
 @pytest.mark.parametrize(
     "raw",
-    [b'{"text": "unterminated', b"\xff\xfe not utf-8", b"[1, 2, 3]",
-     b'{"text": 42}', b'{"text": "x", "sampling_params": {"max_new_tokens": -3}}',
-     b'{"text": "x", "sampling_params": {"max_new_tokens": "ten"}}', b'{"text": "x", "stream": "yes"}'],
+    [
+        b'{"text": "unterminated',
+        b"\xff\xfe not utf-8",
+        b"[1, 2, 3]",
+        b'{"text": 42}',
+        b'{"text": "x", "sampling_params": {"max_new_tokens": -3}}',
+        b'{"text": "x", "sampling_params": {"max_new_tokens": "ten"}}',
+        b'{"text": "x", "stream": "yes"}',
+    ],
 )
-def test_bad_input_gets_sglang_shaped_400_and_the_worker_keeps_serving(sim_stack: SimStack, client: httpx.Client, raw: bytes) -> None:
-    direct = client.post(f"{sim_stack.worker_url('decode')}/generate", content=raw, headers={"content-type": "application/json"})
+def test_bad_input_gets_sglang_shaped_400_and_the_worker_keeps_serving(
+    sim_stack: SimStack, client: httpx.Client, raw: bytes
+) -> None:
+    direct = client.post(
+        f"{sim_stack.worker_url('decode')}/generate", content=raw, headers={"content-type": "application/json"}
+    )
     assert direct.status_code == 400, direct.text
     assert direct.json()["error"]["message"]
     # The router checks types itself (422) before it forwards; either way the client gets a 4xx.
@@ -255,10 +306,14 @@ def test_abort_mid_transfer_ends_as_abort_and_pools_return_to_baseline(tmp_path:
     stack = start_stack(tmp_path, SLOW_TRANSFER)
     try:
         rid = "abort-me-0001"
-        thread, box = _post_in_background(f"{stack.router_url}/generate",
-                                          {"text": LONG_PROMPT, "rid": rid, "sampling_params": {"max_new_tokens": 8, **GREEDY}})
-        wait_until(lambda: loads(client, stack.worker_url("prefill"))["disaggregation"]["prefill_inflight_queue_reqs"] == 1,
-                   what="the transfer to start")
+        thread, box = _post_in_background(
+            f"{stack.router_url}/generate",
+            {"text": LONG_PROMPT, "rid": rid, "sampling_params": {"max_new_tokens": 8, **GREEDY}},
+        )
+        wait_until(
+            lambda: loads(client, stack.worker_url("prefill"))["disaggregation"]["prefill_inflight_queue_reqs"] == 1,
+            what="the transfer to start",
+        )
         for role in ("prefill", "decode"):  # as SGLang's own PD abort test does: both workers
             assert client.post(f"{stack.worker_url(role)}/abort_request", json={"rid": rid[:8]}).status_code == 200
         thread.join(30)
@@ -274,14 +329,19 @@ def test_abort_mid_transfer_ends_as_abort_and_pools_return_to_baseline(tmp_path:
 def test_transfer_stalled_past_waiting_timeout_fails_with_kvtransfererror(tmp_path: Path, client: httpx.Client) -> None:
     stack = start_stack(tmp_path, SLOW_TRANSFER)
     try:
-        thread, box = _post_in_background(f"{stack.router_url}/generate",
-                                          {"text": LONG_PROMPT, "sampling_params": {"max_new_tokens": 8, **GREEDY}})
-        wait_until(lambda: loads(client, stack.worker_url("prefill"))["disaggregation"]["prefill_inflight_queue_reqs"] == 1,
-                   what="the transfer to start")
+        thread, box = _post_in_background(
+            f"{stack.router_url}/generate", {"text": LONG_PROMPT, "sampling_params": {"max_new_tokens": 8, **GREEDY}}
+        )
+        wait_until(
+            lambda: loads(client, stack.worker_url("prefill"))["disaggregation"]["prefill_inflight_queue_reqs"] == 1,
+            what="the transfer to start",
+        )
         prefill = stack.procs["prefill"]
         prefill.signal_group(signal.SIGSTOP)
         try:
-            wait_until(lambda: "KVPoll.WaitingForInput" in stack.logs("decode"), timeout_s=10, what="the waiting timeout")
+            wait_until(
+                lambda: "KVPoll.WaitingForInput" in stack.logs("decode"), timeout_s=10, what="the waiting timeout"
+            )
             # The stalled sender may still write: decode must hold those pages back, not reuse them.
             assert loads(client, stack.worker_url("decode"))["quarantined_tokens"] > 0
         finally:
@@ -292,7 +352,10 @@ def test_transfer_stalled_past_waiting_timeout_fails_with_kvtransfererror(tmp_pa
         assert "Decode transfer failed" in stack.logs("decode")
         wait_until(lambda: pool_idle(client, stack), what="pools back at baseline after the stall")
         metrics = client.get(f"{stack.worker_url('decode')}/metrics").text
-        assert 'sglang:num_transfer_failed_reqs_total{model_name="pdchaos/toy-1",engine_type="decode",tp_rank="0",pp_rank="0"} 1' in metrics
+        assert (
+            'sglang:num_transfer_failed_reqs_total{model_name="pdchaos/toy-1",engine_type="decode",tp_rank="0",pp_rank="0"} 1'
+            in metrics
+        )
         assert generate(client, stack.router_url, "after the stall").status_code == 200
     finally:
         stack.down()
@@ -302,16 +365,24 @@ def test_transfer_stalled_past_waiting_timeout_fails_with_kvtransfererror(tmp_pa
 
 
 def test_sim_up_answers_through_the_router_and_sim_down_stops_it(tmp_path: Path, client: httpx.Client) -> None:
-    up = subprocess.run([sys.executable, "-m", "chaos.cli", "sim", "up", "--detach", "--json", "--dir", str(tmp_path)],
-                        capture_output=True, text=True, timeout=60)
+    up = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "sim", "up", "--detach", "--json", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert up.returncode == 0, up.stderr
     urls = json.loads(up.stdout.splitlines()[0])
     try:
         # `up` returns only once the router answers (startup time is a benchmark, not a test bound).
         assert generate(client, urls["router"], "hello").status_code == 200
     finally:
-        down = subprocess.run([sys.executable, "-m", "chaos.cli", "sim", "down", "--dir", str(tmp_path)],
-                              capture_output=True, text=True, timeout=60)
+        down = subprocess.run(
+            [sys.executable, "-m", "chaos.cli", "sim", "down", "--dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert down.returncode == 0
     assert "stopped router" in down.stdout
     with pytest.raises(httpx.HTTPError):
@@ -319,7 +390,8 @@ def test_sim_up_answers_through_the_router_and_sim_down_stops_it(tmp_path: Path,
 
 
 def test_a_stack_whose_router_port_another_run_took_starts_again_on_new_ports(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Two runs on one machine: the port picked for our router is bound first by another run's
     server, which then answers our readiness check. The stack must see that the answer is not its
     router's and start again on new ports, not run against the other run's stack."""
@@ -327,28 +399,38 @@ def test_a_stack_whose_router_port_another_run_took_starts_again_on_new_ports(
         stack = SimStack(SimStackConfig(proxied_links=False), tmp_path)
         picks = iter([taken])
         original = stack.launcher.free_port
-        monkeypatch.setattr(stack.launcher, "free_port",
-                            lambda role: next(picks, None) or original(role) if role == "router" else original(role))
+        monkeypatch.setattr(
+            stack.launcher,
+            "free_port",
+            lambda role: next(picks, None) or original(role) if role == "router" else original(role),
+        )
         with running(stack):
             assert stack.router_url != f"http://127.0.0.1:{taken}"
             assert httpx.get(stack.router_url + "/readiness", timeout=5).status_code == 200
         assert f"http://127.0.0.1:{taken}/readiness is answered by pid" in caplog.text, caplog.text
 
 
-def test_a_proxy_that_lost_its_port_makes_the_stack_start_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_proxy_that_lost_its_port_makes_the_stack_start_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with another_runs_server() as taken:
         stack = SimStack(SimStackConfig(proxied_links=True), tmp_path)
         original = stack.launcher.free_port
         # Picked on the router's node: the router's port, its metrics port, then the first proxy's.
         picks = iter([None, None, taken])
-        monkeypatch.setattr(stack.launcher, "free_port",
-                            lambda role: next(picks, None) or original(role) if role == "router" else original(role))
+        monkeypatch.setattr(
+            stack.launcher,
+            "free_port",
+            lambda role: next(picks, None) or original(role) if role == "router" else original(role),
+        )
         with running(stack):
             assert stack.proxies and all(p.listen != f"127.0.0.1:{taken}" for p in stack.proxies.values())
             assert httpx.get(stack.router_url + "/readiness", timeout=5).status_code == 200
 
 
-def test_a_driver_lost_while_a_worker_restarts_leaves_its_new_pid_for_heal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_driver_lost_while_a_worker_restarts_leaves_its_new_pid_for_heal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A restart (memory_fraction, engine_failure) records the new worker as soon as it is
     launched: a driver killed before the worker is ready must not leave it unknown to heal."""
     stack = SimStack(SimStackConfig(proxied_links=False), tmp_path)

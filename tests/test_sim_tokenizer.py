@@ -104,7 +104,10 @@ def test_round_trip_random_words_and_punctuation() -> None:
         for _ in range(rng.randint(1, 20)):
             kind = rng.random()
             if kind < 0.6:
-                parts.append(" " * rng.randint(0, 3) + "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(rng.randint(1, 13))))
+                parts.append(
+                    " " * rng.randint(0, 3)
+                    + "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(rng.randint(1, 13)))
+                )
             elif kind < 0.9:
                 parts.append("".join(rng.choice(string.punctuation + " ") for _ in range(rng.randint(1, 9))))
             else:

@@ -100,9 +100,14 @@ def test_send_writes_exact_kv_into_destination_slots_and_done_is_acknowledged() 
         checksum = kv_checksum(src_pool.read(src_slots))
         sender = KVSender(room=4642423220847530966)
         ok = await sender.send(
-            Destination("127.0.0.1", port, dst_pages), src_pool, src_slots, dst_slots,
+            Destination("127.0.0.1", port, dst_pages),
+            src_pool,
+            src_slots,
+            dst_slots,
             Done(first_token=777, num_tokens=n, checksum=checksum),
-            chunk_tokens=3, tokens_per_s=FAST, should_stop=lambda: False,
+            chunk_tokens=3,
+            tokens_per_s=FAST,
+            should_stop=lambda: False,
         )
         assert ok is True
         assert sender.state is SendState.FINISHED and sender.finished.is_set()
@@ -135,9 +140,14 @@ def test_done_carries_cached_tokens() -> None:
         dst_pool = KVPool(4, PAGE)
         receiver, sink, port = await _receiver(dst_pool)
         ok = await KVSender(room=2).send(
-            Destination("127.0.0.1", port, [1]), src_pool, src_slots, dst_pool.slots([1], 4),
-            Done(first_token=9, num_tokens=4, checksum=123, cached_tokens=16), chunk_tokens=4,
-            tokens_per_s=FAST, should_stop=lambda: False,
+            Destination("127.0.0.1", port, [1]),
+            src_pool,
+            src_slots,
+            dst_pool.slots([1], 4),
+            Done(first_token=9, num_tokens=4, checksum=123, cached_tokens=16),
+            chunk_tokens=4,
+            tokens_per_s=FAST,
+            should_stop=lambda: False,
         )
         assert ok
         assert sink.events[0] == ("done", 2, Done(9, 4, 123, 16))
@@ -153,8 +163,13 @@ def test_done_without_checksum() -> None:
         dst_pages = [6, 2]
         receiver, sink, port = await _receiver(dst_pool)
         ok = await KVSender(room=1).send(
-            Destination("127.0.0.1", port, dst_pages), src_pool, src_slots, dst_pool.slots(dst_pages, 5),
-            Done(first_token=5, num_tokens=5, checksum=None), chunk_tokens=100, tokens_per_s=FAST,
+            Destination("127.0.0.1", port, dst_pages),
+            src_pool,
+            src_slots,
+            dst_pool.slots(dst_pages, 5),
+            Done(first_token=5, num_tokens=5, checksum=None),
+            chunk_tokens=100,
+            tokens_per_s=FAST,
             should_stop=lambda: False,
         )
         assert ok
@@ -186,8 +201,13 @@ def test_should_stop_after_first_chunk_sends_aborted() -> None:
 
         sender = KVSender(room=42)
         ok = await sender.send(
-            Destination("127.0.0.1", port, dst_pages), src_pool, src_slots, dst_slots,
-            Done(first_token=1, num_tokens=n, checksum=None), chunk_tokens=4, tokens_per_s=FAST,
+            Destination("127.0.0.1", port, dst_pages),
+            src_pool,
+            src_slots,
+            dst_slots,
+            Done(first_token=1, num_tokens=n, checksum=None),
+            chunk_tokens=4,
+            tokens_per_s=FAST,
             should_stop=should_stop,
         )
         assert ok is False
@@ -212,8 +232,14 @@ def test_should_stop_before_any_chunk_writes_nothing() -> None:
         dst_pool = KVPool(4, PAGE)
         receiver, sink, port = await _receiver(dst_pool)
         ok = await KVSender(room=7).send(
-            Destination("127.0.0.1", port, [0]), src_pool, src_slots, dst_pool.slots([0], 4),
-            Done(0, 4, None), chunk_tokens=4, tokens_per_s=FAST, should_stop=lambda: True,
+            Destination("127.0.0.1", port, [0]),
+            src_pool,
+            src_slots,
+            dst_pool.slots([0], 4),
+            Done(0, 4, None),
+            chunk_tokens=4,
+            tokens_per_s=FAST,
+            should_stop=lambda: True,
         )
         assert ok is False
         assert sink.events[0] == ("aborted", 7)
@@ -238,10 +264,16 @@ def test_receiver_writes_into_slots_owned_by_nobody() -> None:
         dst_pool = KVPool(8, PAGE)
         assert dst_pool.free_pages == 8  # nothing allocated: every page is free
         dst_slots = dst_pool.slots([5, 3], 8)
-        receiver, sink, port = await _receiver(dst_pool)
+        receiver, _sink, port = await _receiver(dst_pool)
         ok = await KVSender(room=3).send(
-            Destination("127.0.0.1", port, [5, 3]), src_pool, src_slots, dst_slots,
-            Done(0, 8, None), chunk_tokens=8, tokens_per_s=FAST, should_stop=lambda: False,
+            Destination("127.0.0.1", port, [5, 3]),
+            src_pool,
+            src_slots,
+            dst_slots,
+            Done(0, 8, None),
+            chunk_tokens=8,
+            tokens_per_s=FAST,
+            should_stop=lambda: False,
         )
         assert ok
         _assert_kv_equal(dst_pool.read(dst_slots), src_pool.read(src_slots))
@@ -259,7 +291,7 @@ def test_source_is_read_at_send_time_not_snapshotted() -> None:
         src_pool, _, src_slots = _source(n)
         dst_pool = KVPool(8, PAGE)
         dst_slots = dst_pool.slots([0, 1], n)
-        receiver, sink, port = await _receiver(dst_pool)
+        receiver, _sink, port = await _receiver(dst_pool)
         calls = 0
 
         def should_stop() -> bool:
@@ -270,8 +302,14 @@ def test_source_is_read_at_send_time_not_snapshotted() -> None:
             return False
 
         ok = await KVSender(room=8).send(
-            Destination("127.0.0.1", port, [0, 1]), src_pool, src_slots, dst_slots,
-            Done(0, n, None), chunk_tokens=4, tokens_per_s=FAST, should_stop=should_stop,
+            Destination("127.0.0.1", port, [0, 1]),
+            src_pool,
+            src_slots,
+            dst_slots,
+            Done(0, n, None),
+            chunk_tokens=4,
+            tokens_per_s=FAST,
+            should_stop=should_stop,
         )
         assert ok
         assert dst_pool.tokens[dst_slots].tolist() == [100, 101, 102, 103, 9, 9, 9, 9]
@@ -321,8 +359,14 @@ def test_garbage_after_a_write_drops_the_connection_and_reports_an_unterminated_
         # The receiver keeps serving: a following good connection works.
         src_pool, _, src_slots = _source(4)
         ok = await KVSender(room=100).send(
-            Destination("127.0.0.1", port, [2]), src_pool, src_slots, dst_pool.slots([2], 4),
-            Done(0, 4, None), chunk_tokens=4, tokens_per_s=FAST, should_stop=lambda: False,
+            Destination("127.0.0.1", port, [2]),
+            src_pool,
+            src_slots,
+            dst_pool.slots([2], 4),
+            Done(0, 4, None),
+            chunk_tokens=4,
+            tokens_per_s=FAST,
+            should_stop=lambda: False,
         )
         assert ok
         assert dst_pool.tokens[8:12].tolist() == [100, 101, 102, 103]
@@ -427,8 +471,14 @@ def test_sender_fails_when_the_connection_drops_before_ack() -> None:
         sender = KVSender(room=11)
         with pytest.raises(TransferFailed):
             await sender.send(
-                Destination("127.0.0.1", port, [0]), src_pool, src_slots, np.arange(4),
-                Done(0, 4, None), chunk_tokens=4, tokens_per_s=FAST, should_stop=lambda: False,
+                Destination("127.0.0.1", port, [0]),
+                src_pool,
+                src_slots,
+                np.arange(4),
+                Done(0, 4, None),
+                chunk_tokens=4,
+                tokens_per_s=FAST,
+                should_stop=lambda: False,
             )
         assert sender.state is SendState.FINISHED  # it did connect: writes may have landed
         server.close()
@@ -447,8 +497,14 @@ def test_connect_to_closed_port_raises_transfer_failed_never_connected() -> None
         assert sender.state is SendState.IDLE
         with pytest.raises(TransferFailed, match=f"127.0.0.1:{port}"):
             await sender.send(
-                Destination("127.0.0.1", port, [0]), src_pool, src_slots, np.arange(4),
-                Done(0, 4, None), chunk_tokens=4, tokens_per_s=FAST, should_stop=lambda: False,
+                Destination("127.0.0.1", port, [0]),
+                src_pool,
+                src_slots,
+                np.arange(4),
+                Done(0, 4, None),
+                chunk_tokens=4,
+                tokens_per_s=FAST,
+                should_stop=lambda: False,
             )
         assert sender.state is SendState.NEVER_CONNECTED
         assert sender.finished.is_set()
@@ -467,13 +523,19 @@ def test_sender_with_room_outside_u64_fails_as_transfer_failed() -> None:
 
     async def main() -> None:
         dst_pool = KVPool(4, PAGE)
-        receiver, sink, port = await _receiver(dst_pool)
+        receiver, _sink, port = await _receiver(dst_pool)
         src_pool, _, src_slots = _source(4)
         for room in (-1, 2**64):
             with pytest.raises(TransferFailed):
                 await KVSender(room=room).send(
-                    Destination("127.0.0.1", port, [0]), src_pool, src_slots, np.arange(4),
-                    Done(0, 4, None), chunk_tokens=4, tokens_per_s=FAST, should_stop=lambda: False,
+                    Destination("127.0.0.1", port, [0]),
+                    src_pool,
+                    src_slots,
+                    np.arange(4),
+                    Done(0, 4, None),
+                    chunk_tokens=4,
+                    tokens_per_s=FAST,
+                    should_stop=lambda: False,
                 )
         await receiver.stop()
 

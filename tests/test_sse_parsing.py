@@ -48,7 +48,9 @@ def test_generate_stream_text_is_cumulative() -> None:
         gen_chunk("Hel"),
         gen_chunk("Hello"),
         gen_chunk("Hello wor"),
-        gen_chunk("Hello world", {"type": "length", "length": 4}, prompt_tokens=7, completion_tokens=4, cached_tokens=3),
+        gen_chunk(
+            "Hello world", {"type": "length", "length": 4}, prompt_tokens=7, completion_tokens=4, cached_tokens=3
+        ),
     )
     r = parse_body("generate", body, sse=True)
     assert r.text == "Hello world"
@@ -64,7 +66,10 @@ def test_openai_streams_are_deltas_and_usage_comes_last() -> None:
         chat_chunk("Hel"),
         chat_chunk("lo"),
         chat_chunk(" world", "stop"),
-        {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 8}}},
+        {
+            "choices": [],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 8}},
+        },
     )
     r = parse_body("chat", body, sse=True)
     assert r.text == "Hello world"
@@ -72,13 +77,18 @@ def test_openai_streams_are_deltas_and_usage_comes_last() -> None:
     assert (r.prompt_tokens, r.completion_tokens, r.cached_tokens) == (9, 3, 8)
     assert len(r.token_times) == 3 and r.anomalies == []
 
-    body = sse({"choices": [{"index": 0, "text": "ab", "finish_reason": None}]}, {"choices": [{"index": 0, "text": "cd", "finish_reason": "length"}]})
+    body = sse(
+        {"choices": [{"index": 0, "text": "ab", "finish_reason": None}]},
+        {"choices": [{"index": 0, "text": "cd", "finish_reason": "length"}]},
+    )
     r = parse_body("completions", body, sse=True)
     assert r.text == "abcd" and r.finish is not None and r.finish.reason == "length"
 
 
 def test_incremental_generate_stream_is_kept_whole_and_flagged() -> None:
-    r = parse_body("generate", sse(gen_chunk("Hel"), gen_chunk("lo"), gen_chunk(" you", {"type": "stop", "matched": 2})), sse=True)
+    r = parse_body(
+        "generate", sse(gen_chunk("Hel"), gen_chunk("lo"), gen_chunk(" you", {"type": "stop", "matched": 2})), sse=True
+    )
     assert r.text == "Hello you"
     assert any(a.startswith("generate_text_not_cumulative") for a in r.anomalies)
 
@@ -102,18 +112,33 @@ def test_single_newline_separators_and_sse_comments_and_fields() -> None:
 
 
 def test_non_stream_bodies_of_each_route() -> None:
-    g = parse_body("generate", json.dumps(gen_chunk("hi there", {"type": "length", "length": 2}, prompt_tokens=5, cached_tokens=0)).encode(), sse=False)
+    g = parse_body(
+        "generate",
+        json.dumps(gen_chunk("hi there", {"type": "length", "length": 2}, prompt_tokens=5, cached_tokens=0)).encode(),
+        sse=False,
+    )
     assert g.text == "hi there" and g.finish is not None and g.finish.reason == "length" and g.cached_tokens == 0
     assert len(g.token_times) == 1
-    chat = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "yo"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3}}
+    chat = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "yo"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3},
+    }
     c = parse_body("chat", json.dumps(chat).encode(), sse=False)
     assert c.text == "yo" and c.prompt_tokens == 3 and c.anomalies == []
 
 
 def test_error_bodies_give_their_message() -> None:
-    r = parse_body("generate", b'{"error": {"message": "The input (9000 tokens) is longer than the model\'s context length (8192 tokens)."}}', sse=False)
+    r = parse_body(
+        "generate",
+        b'{"error": {"message": "The input (9000 tokens) is longer than the model\'s context length (8192 tokens)."}}',
+        sse=False,
+    )
     assert r.error_message is not None and "9000 tokens" in r.error_message
-    r = parse_body("chat", b'{"object": "error", "message": "too long", "type": "BadRequestError", "param": null, "code": 400}', sse=False)
+    r = parse_body(
+        "chat",
+        b'{"object": "error", "message": "too long", "type": "BadRequestError", "param": null, "code": 400}',
+        sse=False,
+    )
     assert r.error_message == "too long" and r.finish is not None and r.finish.status_code == 400
 
 
@@ -121,7 +146,9 @@ def test_in_band_abort_and_error_objects_are_aborts() -> None:
     abort = {"type": "abort", "message": "Aborted by AbortReq.", "status_code": None, "err_type": None}
     r = parse_body("generate", sse(gen_chunk("a"), gen_chunk("ab", abort)), sse=True)
     assert r.finish is not None and r.finish.is_abort and r.finish.status_code is None and r.text == "ab"
-    r = parse_body("chat", sse(chat_chunk("x"), {"error": {"message": "KVTransferError", "type": "500", "code": 500}}), sse=True)
+    r = parse_body(
+        "chat", sse(chat_chunk("x"), {"error": {"message": "KVTransferError", "type": "500", "code": 500}}), sse=True
+    )
     assert r.finish is not None and r.finish.is_abort and r.finish.status_code == 500
 
 
@@ -156,7 +183,7 @@ def test_truncated_stream_without_done() -> None:
     assert any(a.startswith("missing_done") for a in r.anomalies)
     # The reader was stopped by its caller (a disconnect): that is not the server's anomaly.
     reader = ResponseReader("generate", sse=True)
-    reader.feed(sse(gen_chunk("par"), done=False) + b"data: {\"te", 1.0)
+    reader.feed(sse(gen_chunk("par"), done=False) + b'data: {"te', 1.0)
     r = reader.close(2.0, ended_by_server=False)
     assert r.text == "par" and r.anomalies == []
 
@@ -220,8 +247,21 @@ def test_the_cap_bounds_what_is_kept_not_a_cumulative_streams_wire_bytes() -> No
 
 def test_random_garbage_never_raises() -> None:
     rng = random.Random(7)
-    pieces = [b"data: ", b"[DONE]", b"{", b"}", b"\n", b"\r\n", b'"text"', b":", b"\xff", b"error", b"[[[[[[" * 500, b"data: {'error'"]
-    for trial in range(300):
+    pieces = [
+        b"data: ",
+        b"[DONE]",
+        b"{",
+        b"}",
+        b"\n",
+        b"\r\n",
+        b'"text"',
+        b":",
+        b"\xff",
+        b"error",
+        b"[[[[[[" * 500,
+        b"data: {'error'",
+    ]
+    for _ in range(300):
         body = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
         for api in ("generate", "chat", "completions"):
             for as_sse in (True, False):
@@ -232,8 +272,12 @@ def test_random_garbage_never_raises() -> None:
 # --------------------------------------------------------------------------------- judging ----
 
 
-def observed(status: int | None, body: bytes = b"", *, api: str = "generate", as_sse: bool = True, **kwargs: object) -> Observed:
-    obs = Observed(t_send=1.0, t_first_byte=1.1 if status is not None else None, t_end=2.0, status=status, sse=as_sse, **kwargs)  # type: ignore[arg-type]
+def observed(
+    status: int | None, body: bytes = b"", *, api: str = "generate", as_sse: bool = True, **kwargs: object
+) -> Observed:
+    obs = Observed(
+        t_send=1.0, t_first_byte=1.1 if status is not None else None, t_end=2.0, status=status, sse=as_sse, **kwargs
+    )  # type: ignore[arg-type]
     if status is not None:
         obs.parsed = parse_body(api, body, sse=as_sse, now=1.5)  # type: ignore[arg-type]
     return obs
@@ -281,8 +325,19 @@ def test_over_cap_is_indeterminate_and_the_record_keeps_the_bytes() -> None:
     obs = Observed(t_send=1.0, t_first_byte=1.1, t_end=1.3, status=200, sse=False, parsed=reader.close(1.3))
     verdict = judge(obs)
     assert (verdict.outcome, verdict.error_class) == (Outcome.INFO, "body_over_cap")
-    sent = Sent(id="r1", request_index=1, phase="load", user_kind="canary_chat", actor="a0", endpoint="/generate",
-                stream=False, markers=("M0", "M1"), prompt="p", max_tokens=4, planned_send=0.9)
+    sent = Sent(
+        id="r1",
+        request_index=1,
+        phase="load",
+        user_kind="canary_chat",
+        actor="a0",
+        endpoint="/generate",
+        stream=False,
+        markers=("M0", "M1"),
+        prompt="p",
+        max_tokens=4,
+        planned_send=0.9,
+    )
     record = build_record(sent, obs, verdict)
     assert "UULK7QX" in record.response_text  # scanned by the canary oracle all the same
     assert record.anomaly is not None and record.anomaly.startswith("body_over_cap")

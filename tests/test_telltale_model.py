@@ -52,9 +52,19 @@ def test_stopwords_cover_the_suites_prompt_texts() -> None:
     from chaos import probes, tenant_probe
     from loadprofiles import prompts
 
-    texts = [*prompts._WORDS, *prompts.REPEAT_INSTRUCTIONS, *prompts.OTHER_INSTRUCTIONS, prompts.SYSTEM_INTRO,
-             probes.FILLER, probes.ADAPTER_PREFIX, *probes.ADAPTERS, tenant_probe.VICTIM_QUESTION,
-             tenant_probe.ATTACKER_QUESTION, "Confidential note:", *tenant_probe._WORDS]
+    texts = [
+        *prompts._WORDS,
+        *prompts.REPEAT_INSTRUCTIONS,
+        *prompts.OTHER_INSTRUCTIONS,
+        prompts.SYSTEM_INTRO,
+        probes.FILLER,
+        probes.ADAPTER_PREFIX,
+        *probes.ADAPTERS,
+        tenant_probe.VICTIM_QUESTION,
+        tenant_probe.ATTACKER_QUESTION,
+        "Confidential note:",
+        *tenant_probe._WORDS,
+    ]
     words = {w for text in texts for w in re.findall(r"[A-Za-z]+", text)}
     assert words - telltale.STOPWORDS == set()
     assert set(telltale.FILLER) <= telltale.STOPWORDS
@@ -77,7 +87,7 @@ def test_telltale_text_puts_the_word_in_every_page(page: int) -> None:
     for piece in text.split(" ")[1:]:
         tokens += ["#", "socket"] if piece == "#socket" else [piece]
     assert len([t for t in tokens if t != "#" and t != "socket"]) == 300
-    assert all("socket" in tokens[i:i + page] for i in range(len(tokens) - page + 1))
+    assert all("socket" in tokens[i : i + page] for i in range(len(tokens) - page + 1))
 
 
 # ---------------------------------------------------------------- the model, in this interpreter
@@ -130,9 +140,13 @@ def test_under_the_chat_template_the_word_is_still_named(tt) -> None:
     word = tt.words[7]
     body = telltale.telltale_text(word, list(telltale.FILLER) * 4)
     chat = tt.tokenizer.apply_chat_template(
-        [{"role": "system", "content": "You are the support assistant of the infrastructure team."},
-         {"role": "user", "content": "Please repeat this note exactly." + body}],
-        add_generation_prompt=True, tokenize=False)
+        [
+            {"role": "system", "content": "You are the support assistant of the infrastructure team."},
+            {"role": "user", "content": "Please repeat this note exactly." + body},
+        ],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     assert tt.reply_words(tt.generate(tt.encode(chat))) == [word]
 
 
@@ -186,23 +200,33 @@ def test_proof_in_the_vllm_venv(tmp_path: Path) -> None:
         pytest.skip("this interpreter has torch: the tests above ran the proof here")
     if not VLLM_PYTHON.exists():
         pytest.skip(NO_TORCH + f" and {VLLM_PYTHON} is missing (`make vllm-env` makes it)")
-    done = subprocess.run([str(VLLM_PYTHON), str(MODULE), "--prove", str(tmp_path / "telltale"), "8"],
-                          capture_output=True, text=True, timeout=850, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(
+        [str(VLLM_PYTHON), str(MODULE), "--prove", str(tmp_path / "telltale"), "8"],
+        capture_output=True,
+        text=True,
+        timeout=850,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout)
     _assert_perfect(figures, 8)
 
 
 def _assert_perfect(figures: dict, pairs: int) -> None:
-    for key in ("text_prompt_names_own_word_only", "chat_prompt_names_own_word_only", "clean_reply_is_own_word_only",
-                "one_leaked_page_names_victim", "one_leaked_page_reply_is_exactly_own_and_victim",
-                "victim_kv_appended_names_victim", "one_foreign_marker_position_names_victim"):
+    for key in (
+        "text_prompt_names_own_word_only",
+        "chat_prompt_names_own_word_only",
+        "clean_reply_is_own_word_only",
+        "one_leaked_page_names_victim",
+        "one_leaked_page_reply_is_exactly_own_and_victim",
+        "victim_kv_appended_names_victim",
+        "one_foreign_marker_position_names_victim",
+    ):
         assert figures[key] == pairs, (key, figures)
     assert figures["words_named_that_are_neither_own_nor_victim"] == 0
     assert figures["one_occurrence_in_full_context_named"] is True
     flips = figures["first_token_becomes_victim"]
     assert flips["found"] == flips["matches_count_rule"] == pairs, figures
-
 
 
 def test_expected_reply_is_what_the_model_says(tt, built: Path) -> None:

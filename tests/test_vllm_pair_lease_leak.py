@@ -46,7 +46,9 @@ def leak(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 
 @pytest.mark.timeout(900)
-def test_a_reply_after_lease_expiry_quotes_the_requests_that_reused_its_blocks(leak: LeaseLeak, model_dir: Path) -> None:
+def test_a_reply_after_lease_expiry_quotes_the_requests_that_reused_its_blocks(
+    leak: LeaseLeak, model_dir: Path
+) -> None:
     assert leak.expiry_logged  # prefill freed A's blocks, as designed
     assert leak.status == 200, leak.reply
     assert leak.leaked, f"A's reply {leak.reply!r} names no other request: the freed blocks were not reused"
@@ -60,6 +62,12 @@ def test_a_reply_after_lease_expiry_quotes_the_requests_that_reused_its_blocks(l
 
 
 def test_the_reproduction_is_runnable_as_a_module() -> None:
-    result = subprocess.run([sys.executable, "-m", "chaos.targets.vllm.lease_leak", "--help"], capture_output=True, text=True,
-                            timeout=60, cwd=REPO, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "chaos.targets.vllm.lease_leak", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
     assert result.returncode == 0 and "--model" in result.stdout

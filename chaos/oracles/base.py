@@ -62,8 +62,11 @@ class OracleContext:
         if start is None:
             return []
         stop = end if end is not None else start
-        return [w.label for w in self.windows if w.start is not None and stop >= w.start
-                and (w.end is None or start <= w.end + AFTERSHOCK_S)]
+        return [
+            w.label
+            for w in self.windows
+            if w.start is not None and stop >= w.start and (w.end is None or start <= w.end + AFTERSHOCK_S)
+        ]
 
     def snapshots(self, name: str) -> Iterator[dict[str, Any]]:
         """Data of the `probe/<name>` events the runner journaled (e.g. pool usage at idle)."""

@@ -84,16 +84,32 @@ class _Collector:
         if self.counts[rule] > MAX_FINDINGS_PER_RULE:
             return
         faults = self.ctx.windows_at(record.t_send)
-        self.findings.append(Finding(
-            self.oracle, verdict, summary, request_id=record.id, window=_first(faults),
-            evidence={"rule": rule, "user_kind": record.user_kind, "phase": record.phase, "endpoint": record.endpoint,
-                      "status": record.status, "finish_reason": record.finish_reason, **evidence,
-                      "faults_active": faults},
-        ))
+        self.findings.append(
+            Finding(
+                self.oracle,
+                verdict,
+                summary,
+                request_id=record.id,
+                window=_first(faults),
+                evidence={
+                    "rule": rule,
+                    "user_kind": record.user_kind,
+                    "phase": record.phase,
+                    "endpoint": record.endpoint,
+                    "status": record.status,
+                    "finish_reason": record.finish_reason,
+                    **evidence,
+                    "faults_active": faults,
+                },
+            )
+        )
 
     def notes(self) -> list[str]:
-        return [f"{rule}: {count} breach(es), {count - MAX_FINDINGS_PER_RULE} not listed"
-                for rule, count in sorted(self.counts.items()) if count > MAX_FINDINGS_PER_RULE]
+        return [
+            f"{rule}: {count} breach(es), {count - MAX_FINDINGS_PER_RULE} not listed"
+            for rule, count in sorted(self.counts.items())
+            if count > MAX_FINDINGS_PER_RULE
+        ]
 
 
 class StatusContractOracle:
@@ -137,18 +153,27 @@ class StatusContractOracle:
         if status >= 500:
             if status in ROUTER_LOST_WORKER and ctx.windows_during(record.t_send, record.t_end):
                 return f"HTTP {status} while a fault was active"
-            out.add("over_length_5xx", Verdict.FAIL, record,
-                    f"over-length prompt {record.id} got HTTP {status}; a rejection must be a 4xx",
-                    error_detail=(record.error_detail or "")[:300])
+            out.add(
+                "over_length_5xx",
+                Verdict.FAIL,
+                record,
+                f"over-length prompt {record.id} got HTTP {status}; a rejection must be a 4xx",
+                error_detail=(record.error_detail or "")[:300],
+            )
             return "fail"
         if status != 200:
             return f"HTTP {status}"
         anomaly = _anomalies(record)
         if record.finish_reason == "abort":
             if record.completion_tokens or record.response_text:
-                out.add("over_length_tokens", Verdict.FAIL, record,
-                        f"over-length prompt {record.id} was aborted in-band but produced "
-                        f"{record.completion_tokens} token(s) first", text_excerpt=record.response_text[:120])
+                out.add(
+                    "over_length_tokens",
+                    Verdict.FAIL,
+                    record,
+                    f"over-length prompt {record.id} was aborted in-band but produced "
+                    f"{record.completion_tokens} token(s) first",
+                    text_excerpt=record.response_text[:120],
+                )
                 return "fail"
             return "pass"
         if "over_length_accepted" not in anomaly:
@@ -156,26 +181,39 @@ class StatusContractOracle:
                 return "the prompt was under the limit after all (over_length_missed)"
             if "over_length_unverified" in anomaly:
                 return "the target reports no limit (over_length_unverified)"
-        out.add("over_length_accepted", Verdict.FAIL, record,
-                f"over-length prompt {record.id} was answered 200 (finish {record.finish_reason}, "
-                f"{record.completion_tokens} token(s)) instead of a 4xx",
-                prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
-                anomaly=anomaly[:300], text_excerpt=record.response_text[:120])
+        out.add(
+            "over_length_accepted",
+            Verdict.FAIL,
+            record,
+            f"over-length prompt {record.id} was answered 200 (finish {record.finish_reason}, "
+            f"{record.completion_tokens} token(s)) instead of a 4xx",
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+            anomaly=anomaly[:300],
+            text_excerpt=record.response_text[:120],
+        )
         return "fail"
 
     def _served_over_the_limit(self, record: RequestRecord, limit: int, out: _Collector) -> bool:
         """Any other request whose prompt the target itself counted over the deployment's input
         limit must not be served either (SGLang 0.5.19 answered load prompts over prefill's limit
         200 `length` from a one-token stub, docs/sglang-cpu-tier.md). True when it FAILed."""
-        if record.status != 200 or (record.finish_reason == "abort" and not record.completion_tokens
-                                    and not record.response_text):
+        if record.status != 200 or (
+            record.finish_reason == "abort" and not record.completion_tokens and not record.response_text
+        ):
             return False  # refused (any status: a 5xx here is the errors' business), or aborted unserved
-        out.add("over_length_accepted", Verdict.FAIL, record,
-                f"{record.user_kind} prompt {record.id} of {record.prompt_tokens} token(s), over the deployment's "
-                f"input limit of {limit}, was answered 200 (finish {record.finish_reason}, "
-                f"{record.completion_tokens} token(s)) instead of a 4xx",
-                prompt_tokens=record.prompt_tokens, input_limit=limit, completion_tokens=record.completion_tokens,
-                text_excerpt=record.response_text[:120])
+        out.add(
+            "over_length_accepted",
+            Verdict.FAIL,
+            record,
+            f"{record.user_kind} prompt {record.id} of {record.prompt_tokens} token(s), over the deployment's "
+            f"input limit of {limit}, was answered 200 (finish {record.finish_reason}, "
+            f"{record.completion_tokens} token(s)) instead of a 4xx",
+            prompt_tokens=record.prompt_tokens,
+            input_limit=limit,
+            completion_tokens=record.completion_tokens,
+            text_excerpt=record.response_text[:120],
+        )
         return True
 
     def _short_length(self, record: RequestRecord, context: int | None, out: _Collector) -> bool:
@@ -187,16 +225,28 @@ class StatusContractOracle:
             return False
         if record.completion_tokens >= record.max_tokens:
             return True
-        if context and record.prompt_tokens is not None and \
-                record.prompt_tokens + record.completion_tokens >= context - CONTEXT_RESERVE:
+        if (
+            context
+            and record.prompt_tokens is not None
+            and record.prompt_tokens + record.completion_tokens >= context - CONTEXT_RESERVE
+        ):
             return True  # the context window was reached before max_tokens
-        what = ("an aborted request was reported as a success" if record.user_kind == ABORTING_KIND
-                else "a short output was reported as reaching the token limit")
-        out.add("length_short", Verdict.FAIL, record,
-                f"{what}: {record.id} answered 200 finish 'length' with {record.completion_tokens} of "
-                f"{record.max_tokens} token(s)",
-                completion_tokens=record.completion_tokens, max_tokens=record.max_tokens,
-                error_class=record.error_class, text_excerpt=record.response_text[:120])
+        what = (
+            "an aborted request was reported as a success"
+            if record.user_kind == ABORTING_KIND
+            else "a short output was reported as reaching the token limit"
+        )
+        out.add(
+            "length_short",
+            Verdict.FAIL,
+            record,
+            f"{what}: {record.id} answered 200 finish 'length' with {record.completion_tokens} of "
+            f"{record.max_tokens} token(s)",
+            completion_tokens=record.completion_tokens,
+            max_tokens=record.max_tokens,
+            error_class=record.error_class,
+            text_excerpt=record.response_text[:120],
+        )
         return True
 
 
@@ -222,21 +272,41 @@ class UsageContractOracle:
         prompt, completion, cached = record.prompt_tokens, record.completion_tokens, record.cached_tokens
         if prompt is None and completion is None and cached is None:
             return False
-        for field_name, value in (("prompt_tokens", prompt), ("completion_tokens", completion), ("cached_tokens", cached)):
+        for field_name, value in (
+            ("prompt_tokens", prompt),
+            ("completion_tokens", completion),
+            ("cached_tokens", cached),
+        ):
             if value is not None and value < 0:
-                out.add("negative", Verdict.FAIL, record, f"{record.id} reports {field_name}={value}", **{field_name: value})
+                out.add(
+                    "negative", Verdict.FAIL, record, f"{record.id} reports {field_name}={value}", **{field_name: value}
+                )
         if cached is not None and prompt is not None and cached > prompt:
-            out.add("cached_over_prompt", Verdict.FAIL, record,
-                    f"{record.id} reports cached_tokens={cached} > prompt_tokens={prompt}",
-                    cached_tokens=cached, prompt_tokens=prompt)
+            out.add(
+                "cached_over_prompt",
+                Verdict.FAIL,
+                record,
+                f"{record.id} reports cached_tokens={cached} > prompt_tokens={prompt}",
+                cached_tokens=cached,
+                prompt_tokens=prompt,
+            )
         if completion is not None and record.max_tokens is not None and completion > record.max_tokens:
-            out.add("completion_over_limit", Verdict.FAIL, record,
-                    f"{record.id} reports completion_tokens={completion} > max_tokens={record.max_tokens}",
-                    completion_tokens=completion, max_tokens=record.max_tokens)
+            out.add(
+                "completion_over_limit",
+                Verdict.FAIL,
+                record,
+                f"{record.id} reports completion_tokens={completion} > max_tokens={record.max_tokens}",
+                completion_tokens=completion,
+                max_tokens=record.max_tokens,
+            )
         if completion == 0 and record.response_text:
-            out.add("text_without_tokens", Verdict.FAIL, record,
-                    f"{record.id} reports completion_tokens=0 but returned {len(record.response_text)} char(s) of text",
-                    text_excerpt=record.response_text[:120])
+            out.add(
+                "text_without_tokens",
+                Verdict.FAIL,
+                record,
+                f"{record.id} reports completion_tokens=0 but returned {len(record.response_text)} char(s) of text",
+                text_excerpt=record.response_text[:120],
+            )
         return True
 
     def _prompt_tokens_agree(self, records: Iterable[RequestRecord], out: _Collector) -> set[str]:
@@ -253,11 +323,18 @@ class UsageContractOracle:
             spread = dict(Counter(r.prompt_tokens for r in group))
             for record in group:
                 if record.prompt_tokens != expected:
-                    out.add("prompt_tokens_inconsistent", Verdict.FAIL, record,
-                            f"{record.id} reports prompt_tokens={record.prompt_tokens} for a prompt that counts "
-                            f"{expected} ({source}) on {endpoint}",
-                            prompt_tokens=record.prompt_tokens, expected=expected, expected_from=source,
-                            counts_seen=spread, prompt_chars=record.prompt_chars)
+                    out.add(
+                        "prompt_tokens_inconsistent",
+                        Verdict.FAIL,
+                        record,
+                        f"{record.id} reports prompt_tokens={record.prompt_tokens} for a prompt that counts "
+                        f"{expected} ({source}) on {endpoint}",
+                        prompt_tokens=record.prompt_tokens,
+                        expected=expected,
+                        expected_from=source,
+                        counts_seen=spread,
+                        prompt_chars=record.prompt_chars,
+                    )
         return judged
 
     @staticmethod
@@ -281,11 +358,19 @@ class UsageContractOracle:
             counts = Counter(r.completion_tokens for r in group)
             if len(counts) == 1:
                 continue
-            expected = next((r.completion_tokens for r in group if r.phase == BASELINE_PHASE), counts.most_common(1)[0][0])
+            expected = next(
+                (r.completion_tokens for r in group if r.phase == BASELINE_PHASE), counts.most_common(1)[0][0]
+            )
             for record in group:
                 if record.completion_tokens != expected:
-                    out.add("completion_tokens_inconsistent", Verdict.FAIL, record,
-                            f"probe {index}: {record.id} reports completion_tokens={record.completion_tokens} for "
-                            f"the same text that counts {expected} elsewhere",
-                            completion_tokens=record.completion_tokens, expected=expected, counts_seen=dict(counts))
+                    out.add(
+                        "completion_tokens_inconsistent",
+                        Verdict.FAIL,
+                        record,
+                        f"probe {index}: {record.id} reports completion_tokens={record.completion_tokens} for "
+                        f"the same text that counts {expected} elsewhere",
+                        completion_tokens=record.completion_tokens,
+                        expected=expected,
+                        counts_seen=dict(counts),
+                    )
         return judged

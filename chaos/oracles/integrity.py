@@ -39,13 +39,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from chaos.facts import (
-    LogLine,
-    Sample,
-    find_samples,
-    iter_log_records,
-    parse_prometheus_text,
-)
+from chaos.facts.log_records import LogLine, iter_log_records
+from chaos.facts.prometheus import Sample, find_samples, parse_prometheus_text
 from chaos.oracles.base import OracleContext
 from chaos.verdict import Finding, OracleResult, Verdict
 from chaos.windows import AFTERSHOCK_S, FaultWindow
@@ -69,12 +64,18 @@ TRANSFER_SIGNALS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("kv_load_failure", re.compile(r"Failing \d+ request\(s\) due to KV load failure")),
     ("kv_lease_expired", re.compile(r"Releasing expired KV blocks")),
 )
-FAILED_COUNTERS = ("sglang:num_transfer_failed_reqs_total", "sglang:num_bootstrap_failed_reqs_total",
-                   "vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_kv_expired_reqs_total")
+FAILED_COUNTERS = (
+    "sglang:num_transfer_failed_reqs_total",
+    "sglang:num_bootstrap_failed_reqs_total",
+    "vllm:nixl_num_failed_transfers_total",
+    "vllm:nixl_num_kv_expired_reqs_total",
+)
 _VLLM_REQUEST = re.compile(r"unrecognized request (\S+) were retrieved")
 _ROOM = re.compile(r"bootstrap_room[=:]\s*(\d+)")
 _RID = re.compile(r"\brid[=:]\s*'?([A-Za-z0-9_.:\-]+)")
-_REQUEST = re.compile(r"\bRequest\s+([A-Za-z0-9_.:\-]+)\s+\(bootstrap_room")  # "Context corruption detected: Request X (bootstrap_room=A)"
+_REQUEST = re.compile(
+    r"\bRequest\s+([A-Za-z0-9_.:\-]+)\s+\(bootstrap_room"
+)  # "Context corruption detected: Request X (bootstrap_room=A)"
 _TS_FORMATS = ("%Y-%m-%d %H:%M:%S.%f", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f", "%Y-%m-%dT%H:%M:%S")
 MAX_EXAMPLES = 3
 LINE_CHARS = 400
@@ -97,8 +98,11 @@ def windows_overlapping(windows: list[FaultWindow], t: float | None, width_s: fl
     """Windows (with aftershock) that overlap [t, t + width): a log line's second."""
     if t is None:
         return []
-    return [w.label for w in windows
-            if w.start is not None and w.start < t + width_s and (w.end is None or t <= w.end + AFTERSHOCK_S)]
+    return [
+        w.label
+        for w in windows
+        if w.start is not None and w.start < t + width_s and (w.end is None or t <= w.end + AFTERSHOCK_S)
+    ]
 
 
 @dataclass
@@ -135,15 +139,25 @@ class EngineIntegrityOracle:
         for key, finding in seen_corruption.items():
             if repeats[key] > 1:
                 finding.evidence["occurrences"] = repeats[key]
-        notes = [f"scanned {lines_scanned} log line(s) of {len(ctx.logs)} role(s): {', '.join(sorted(ctx.logs)) or 'none'}"]
+        notes = [
+            f"scanned {lines_scanned} log line(s) of {len(ctx.logs)} role(s): {', '.join(sorted(ctx.logs)) or 'none'}"
+        ]
         notes.extend(self._transfer_notes(ctx, tallies))
         metric_notes, metric_checks = self._metric_notes(ctx)
         notes.extend(metric_notes)
         return OracleResult.from_findings(self.name, lines_scanned + metric_checks, findings, notes)
 
-    def _scan_line(self, ctx: OracleContext, role: str, line: LogLine, known_ids: set[str], findings: list[Finding],
-                   seen: dict[tuple[str, str, str], Finding], repeats: Counter[tuple[str, str, str]],
-                   tallies: dict[tuple[str, str], TransferTally]) -> None:
+    def _scan_line(
+        self,
+        ctx: OracleContext,
+        role: str,
+        line: LogLine,
+        known_ids: set[str],
+        findings: list[Finding],
+        seen: dict[tuple[str, str, str], Finding],
+        repeats: Counter[tuple[str, str, str]],
+        tallies: dict[tuple[str, str], TransferTally],
+    ) -> None:
         message = line.message
         t = log_time(line.timestamp)
         faults = windows_overlapping(ctx.windows, t)
@@ -158,11 +172,20 @@ class EngineIntegrityOracle:
                 return
             rid = self._request_id(message, known_ids)
             finding = Finding(
-                self.name, Verdict.FAIL, f"{role} log reports corruption ({signal}): {message[:160]}",
-                request_id=rid, window=faults[0] if faults else None,
-                evidence={"role": role, "signal": signal, "line": message[:LINE_CHARS], "lineno": line.lineno,
-                          "timestamp": line.timestamp, "bootstrap_room": room_match.group(1) if room_match else None,
-                          "faults_active": faults},
+                self.name,
+                Verdict.FAIL,
+                f"{role} log reports corruption ({signal}): {message[:160]}",
+                request_id=rid,
+                window=faults[0] if faults else None,
+                evidence={
+                    "role": role,
+                    "signal": signal,
+                    "line": message[:LINE_CHARS],
+                    "lineno": line.lineno,
+                    "timestamp": line.timestamp,
+                    "bootstrap_room": room_match.group(1) if room_match else None,
+                    "faults_active": faults,
+                },
             )
             seen[key] = finding
             findings.append(finding)
@@ -193,13 +216,17 @@ class EngineIntegrityOracle:
         for (role, signal), tally in sorted(tallies.items()):
             outside = tally.count - tally.in_window
             unexplained += outside
-            notes.append(f"transfer failures: {role} {signal} x{tally.count}, {tally.in_window} inside a fault window"
-                         + (f", {tally.untimed} without a timestamp" if tally.untimed else ""))
+            notes.append(
+                f"transfer failures: {role} {signal} x{tally.count}, {tally.in_window} inside a fault window"
+                + (f", {tally.untimed} without a timestamp" if tally.untimed else "")
+            )
         if unexplained:
             example = next((t.examples[0] for t in tallies.values() if t.examples), "")
             where = "no fault window was opened in this run" if not ctx.windows else "outside every fault window"
-            notes.append(f"unexplained: {unexplained} transfer-failure line(s) {where}"
-                         f" (not a FAIL: spurious aborts; e.g. {example!r})")
+            notes.append(
+                f"unexplained: {unexplained} transfer-failure line(s) {where}"
+                f" (not a FAIL: spurious aborts; e.g. {example!r})"
+            )
         return notes
 
     @staticmethod
@@ -234,8 +261,11 @@ class EngineIntegrityOracle:
                     increase = now - (was or 0.0)
                     parts.append(f"{short} +{increase:g}")
                 unexplained = unexplained or (increase > 0 and not ctx.windows)
-            notes.append(f"metrics: {role}: " + (", ".join(parts) if parts else "no failed-transfer counters exposed")
-                         + (" (unexplained: no fault window in this run)" if unexplained else ""))
+            notes.append(
+                f"metrics: {role}: "
+                + (", ".join(parts) if parts else "no failed-transfer counters exposed")
+                + (" (unexplained: no fault window in this run)" if unexplained else "")
+            )
         return notes, checks
 
 

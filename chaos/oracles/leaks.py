@@ -1,6 +1,6 @@
 """The canary oracle: any response that carries another request's marker is a LEAK.
 
-One linear scan per response finds every marker and fragment (chaos/oracles/canary.py). A marker
+One linear scan per response finds every marker and fragment (chaos/markers.py). A marker
 owned by another request of this run is attributed to that request, its victim, whatever the
 victim's own outcome (aborted and failed requests are still sources). A verified marker of
 another run means the engine served content left over from before this run: also a leak.
@@ -9,10 +9,11 @@ another run means the engine served content left over from before this run: also
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from chaos.journal import RequestRecord
+from chaos.markers import MarkerCodec, MarkerHit
 from chaos.oracles.base import OracleContext
-from chaos.oracles.canary import MarkerCodec, MarkerHit
 from chaos.verdict import Finding, OracleResult, Verdict
 
 CONTEXT_CHARS = 40
@@ -43,18 +44,33 @@ class CanaryLeakOracle:
                     findings.append(finding)
         return OracleResult.from_findings(self.name, scanned, findings)
 
-    def _judge(self, ctx: OracleContext, codec: MarkerCodec, record: RequestRecord, hit: MarkerHit,
-               owners: dict[int, list[RequestRecord]]) -> Finding | None:
-        evidence = {
-            "marker": hit.text, "kind": hit.kind.value, "offset": hit.offset, "verified": hit.verified,
-            "excerpt": _excerpt(record.response_text, hit), "faults_active": ctx.windows_at(record.t_send),
+    def _judge(
+        self,
+        ctx: OracleContext,
+        codec: MarkerCodec,
+        record: RequestRecord,
+        hit: MarkerHit,
+        owners: dict[int, list[RequestRecord]],
+    ) -> Finding | None:
+        evidence: dict[str, Any] = {
+            "marker": hit.text,
+            "kind": hit.kind.value,
+            "offset": hit.offset,
+            "verified": hit.verified,
+            "excerpt": _excerpt(record.response_text, hit),
+            "faults_active": ctx.windows_at(record.t_send),
         }
         if hit.foreign_run:
             if not hit.verified:  # a fragment of an unknown run cannot be told from chance text
                 return None
-            return Finding(self.name, Verdict.FAIL,
-                           f"response to {record.id} carries a marker of another run ({hit.run_prefix})",
-                           request_id=record.id, window=_first(evidence["faults_active"]), evidence=evidence)
+            return Finding(
+                self.name,
+                Verdict.FAIL,
+                f"response to {record.id} carries a marker of another run ({hit.run_prefix})",
+                request_id=record.id,
+                window=_first(evidence["faults_active"]),
+                evidence=evidence,
+            )
         if hit.could_be_owned_by(codec.run_prefix, record.request_index):
             return None
         victims = owners.get(hit.request_index, []) if hit.request_index is not None else []
@@ -62,13 +78,21 @@ class CanaryLeakOracle:
         if victim is not None:
             evidence["victim_faults_active"] = ctx.windows_at(victim.t_send)
             evidence["victim_outcome"] = victim.outcome.value
-        who = (f"request {victim.id}" if victim else
-               f"request index {hit.request_index} (not journaled)" if hit.request_index is not None else
-               "another request (fragment too short to name it)")
+        who = (
+            f"request {victim.id}"
+            if victim
+            else f"request index {hit.request_index} (not journaled)"
+            if hit.request_index is not None
+            else "another request (fragment too short to name it)"
+        )
         return Finding(
-            self.name, Verdict.FAIL, f"LEAK: response to {record.id} contains {hit.kind.value} marker of {who}",
-            request_id=record.id, victim_request_id=victim.id if victim else None,
-            window=_first(evidence["faults_active"]), evidence=evidence,
+            self.name,
+            Verdict.FAIL,
+            f"LEAK: response to {record.id} contains {hit.kind.value} marker of {who}",
+            request_id=record.id,
+            victim_request_id=victim.id if victim else None,
+            window=_first(evidence["faults_active"]),
+            evidence=evidence,
         )
 
 

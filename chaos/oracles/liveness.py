@@ -45,9 +45,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
-from chaos.facts import parse_prometheus_text
+from chaos.facts.endpoints import loads_ranks
+from chaos.facts.prometheus import parse_prometheus_text
 from chaos.journal import RequestRecord
 from chaos.oracles.base import OracleContext
 from chaos.verdict import Finding, OracleResult, Verdict
@@ -66,19 +67,6 @@ VLLM_USAGE = "vllm:kv_cache_usage_perc"
 
 def _first(labels: list[str]) -> str | None:
     return labels[0] if labels else None
-
-
-def loads_ranks(data: Any) -> list[Mapping[str, Any]]:
-    """The per-rank objects of a `/v1/loads` answer: one object, a list of them (DP), or real
-    SGLang's `{"loads": [{"dp_rank": ..., ...}], ...}`."""
-    if isinstance(data, Mapping):
-        nested = data.get("loads")
-        if isinstance(nested, list):
-            return [d for d in nested if isinstance(d, Mapping)]
-        return [data]
-    if isinstance(data, list):
-        return [d for d in data if isinstance(d, Mapping)]
-    return []
 
 
 def _number(value: Any) -> float | None:
@@ -146,19 +134,25 @@ class LivenessOracle:
         checked = 0
         for t, data in ctx.timed_snapshots("wedged"):
             checked += 1
-            queued = data.get("queued") if isinstance(data.get("queued"), Mapping) else {}
+            # a Mapping or {}: mypy does not narrow a get() by the isinstance of the same get()
+            queued = cast(Mapping[str, Any], data.get("queued") if isinstance(data.get("queued"), Mapping) else {})
             pools = []
             for role, loads in sorted((data.get("loads") or {}).items()):
                 for rank in loads_ranks(loads):
                     used, total = _number(rank.get("num_used_tokens")), _number(rank.get("max_total_num_tokens"))
                     if used is not None and total:
                         pools.append(f"{role} pool {used:.0f}/{total:.0f} tokens in use ({100 * used / total:.0f} %)")
-            findings.append(Finding(self.name, Verdict.FAIL,
-                                    f"the target stopped making progress: no request generated anything for {data.get('quiet_s')} s while "
-                                    f"requests were queued ({', '.join(f'{k} {v}' for k, v in sorted(queued.items()))})"
-                                    + (f"; {'; '.join(pools)}" if pools else "")
-                                    + ": requests that never complete (pages not returned, or a handoff with no end)",
-                                    evidence={**data, "t_snapshot": t}))
+            findings.append(
+                Finding(
+                    self.name,
+                    Verdict.FAIL,
+                    f"the target stopped making progress: no request generated anything for {data.get('quiet_s')} s while "
+                    f"requests were queued ({', '.join(f'{k} {v}' for k, v in sorted(queued.items()))})"
+                    + (f"; {'; '.join(pools)}" if pools else "")
+                    + ": requests that never complete (pages not returned, or a handoff with no end)",
+                    evidence={**data, "t_snapshot": t},
+                )
+            )
         return checked
 
     # ------------------------------------------------------------------------------ requests ----
@@ -185,15 +179,30 @@ class LivenessOracle:
                 continue
             listed += 1
             faults = ctx.windows_at(record.t_send)
-            findings.append(Finding(
-                self.name, verdict, summary, request_id=record.id, window=_first(faults),
-                evidence={"t_send": record.t_send, "t_end": record.t_end, "deadline_s": deadline,
-                          "duration_s": None if record.t_end is None else round(record.t_end - record.t_send, 3),
-                          "status": record.status, "error_class": record.error_class, "user_kind": record.user_kind,
-                          "phase": record.phase, "faults_active": faults},
-            ))
-        notes.append(f"requests: {checked} judged against a {deadline:g} s deadline"
-                     + "".join(f", {n} {v}" for v, n in sorted(breaches.items())))
+            findings.append(
+                Finding(
+                    self.name,
+                    verdict,
+                    summary,
+                    request_id=record.id,
+                    window=_first(faults),
+                    evidence={
+                        "t_send": record.t_send,
+                        "t_end": record.t_end,
+                        "deadline_s": deadline,
+                        "duration_s": None if record.t_end is None else round(record.t_end - record.t_send, 3),
+                        "status": record.status,
+                        "error_class": record.error_class,
+                        "user_kind": record.user_kind,
+                        "phase": record.phase,
+                        "faults_active": faults,
+                    },
+                )
+            )
+        notes.append(
+            f"requests: {checked} judged against a {deadline:g} s deadline"
+            + "".join(f", {n} {v}" for v, n in sorted(breaches.items()))
+        )
         if listed < sum(breaches.values()):
             notes.append(f"requests: {sum(breaches.values()) - listed} further breach(es) not listed")
         for why, count in sorted(skipped.items()):
@@ -212,8 +221,10 @@ class LivenessOracle:
         if duration > deadline:
             return Verdict.FAIL, f"{record.id} took {duration:.1f} s, past the {deadline:g} s deadline: a hang"
         if record.error_class == "timeout":
-            return Verdict.INCONCLUSIVE, (f"{record.id}: the client gave up after {duration:.1f} s, before the "
-                                          f"{deadline:g} s deadline: a hang cannot be told from a slow answer")
+            return Verdict.INCONCLUSIVE, (
+                f"{record.id}: the client gave up after {duration:.1f} s, before the "
+                f"{deadline:g} s deadline: a hang cannot be told from a slow answer"
+            )
         return None, ""
 
     # ---------------------------------------------------------------------------- quiescence ----
@@ -236,8 +247,13 @@ class LivenessOracle:
             judged = self._quiescence_from_metrics(ctx, findings, notes)
             if judged:
                 return judged
-            findings.append(Finding(self.name, Verdict.INCONCLUSIVE,
-                                    "no after-drain /v1/loads snapshot: queue drain and page return not verified"))
+            findings.append(
+                Finding(
+                    self.name,
+                    Verdict.INCONCLUSIVE,
+                    "no after-drain /v1/loads snapshot: queue drain and page return not verified",
+                )
+            )
             notes.append("quiescence: no probe/loads snapshot with phase after_drain")
         return checked
 
@@ -261,57 +277,93 @@ class LivenessOracle:
             stuck = {k: after[k] for k in VLLM_QUEUES if after.get(k)}
             checked += 1
             if stuck:
-                findings.append(Finding(self.name, Verdict.FAIL, f"{role}: queues did not drain after the load: "
-                                        + ", ".join(f"{k}={v:g}" for k, v in sorted(stuck.items())),
-                                        evidence={"role": role, "stuck": stuck}))
+                findings.append(
+                    Finding(
+                        self.name,
+                        Verdict.FAIL,
+                        f"{role}: queues did not drain after the load: "
+                        + ", ".join(f"{k}={v:g}" for k, v in sorted(stuck.items())),
+                        evidence={"role": role, "stuck": stuck},
+                    )
+                )
             before = readings.get((role, "before"), {})
             now, was = after.get(VLLM_USAGE), before.get(VLLM_USAGE)
             if now is None or was is None:
-                findings.append(Finding(self.name, Verdict.INCONCLUSIVE,
-                                        f"{role}: no {VLLM_USAGE} before and after the load: KV block return not verified"))
+                findings.append(
+                    Finding(
+                        self.name,
+                        Verdict.INCONCLUSIVE,
+                        f"{role}: no {VLLM_USAGE} before and after the load: KV block return not verified",
+                    )
+                )
                 continue
             checked += 1
             if now > was:
-                findings.append(Finding(self.name, Verdict.FAIL,
-                                        f"{role}: {VLLM_USAGE} is {now:g} after the load drained, {was:g} before it: "
-                                        "KV blocks were not returned", evidence={"role": role, "before": was, "after": now}))
-            notes.append(f"quiescence: {role} after drain (/metrics): "
-                         + ", ".join(f"{k}={after.get(k, 0):g}" for k in (*VLLM_QUEUES, VLLM_USAGE))
-                         + f" (before: {VLLM_USAGE}={was:g})")
+                findings.append(
+                    Finding(
+                        self.name,
+                        Verdict.FAIL,
+                        f"{role}: {VLLM_USAGE} is {now:g} after the load drained, {was:g} before it: "
+                        "KV blocks were not returned",
+                        evidence={"role": role, "before": was, "after": now},
+                    )
+                )
+            notes.append(
+                f"quiescence: {role} after drain (/metrics): "
+                + ", ".join(f"{k}={after.get(k, 0):g}" for k in (*VLLM_QUEUES, VLLM_USAGE))
+                + f" (before: {VLLM_USAGE}={was:g})"
+            )
         return checked
 
-    def _judge_drain(self, ctx: OracleContext, role: str, ranks: list[Mapping[str, Any]],
-                     before: list[Mapping[str, Any]] | None, held: float,
-                     findings: list[Finding], notes: list[str]) -> int:
+    def _judge_drain(
+        self,
+        ctx: OracleContext,
+        role: str,
+        ranks: list[Mapping[str, Any]],
+        before: list[Mapping[str, Any]] | None,
+        held: float,
+        findings: list[Finding],
+        notes: list[str],
+    ) -> int:
         checked = 0
         for index, rank in enumerate(ranks):
             where = role if len(ranks) == 1 else f"{role} rank {index}"
             queues = queue_counts(rank)
             if not queues and not any(_number(rank.get(k)) is not None for k in TOKEN_KEYS):
                 # A shape this oracle cannot read proves nothing: never a silent PASS.
-                findings.append(Finding(
-                    self.name, Verdict.INCONCLUSIVE,
-                    f"{where}: the after-drain /v1/loads answer has no request or token counter this oracle reads "
-                    f"(keys: {', '.join(sorted(map(str, rank))[:12]) or 'none'}): queue drain and page return not verified",
-                    evidence={"role": role, "rank": index, "after_drain": dict(rank)},
-                ))
+                findings.append(
+                    Finding(
+                        self.name,
+                        Verdict.INCONCLUSIVE,
+                        f"{where}: the after-drain /v1/loads answer has no request or token counter this oracle reads "
+                        f"(keys: {', '.join(sorted(map(str, rank))[:12]) or 'none'}): queue drain and page return not verified",
+                        evidence={"role": role, "rank": index, "after_drain": dict(rank)},
+                    )
+                )
                 continue
             if queues:
                 checked += 1
             stuck = {k: v for k, v in queues.items() if v != 0}
             if stuck:
-                findings.append(Finding(
-                    self.name, Verdict.FAIL, f"{where}: queues did not drain after the load: "
-                    + ", ".join(f"{k}={v:g}" for k, v in sorted(stuck.items())),
-                    evidence={"role": role, "rank": index, "stuck": stuck, "after_drain": dict(rank)},
-                ))
+                findings.append(
+                    Finding(
+                        self.name,
+                        Verdict.FAIL,
+                        f"{where}: queues did not drain after the load: "
+                        + ", ".join(f"{k}={v:g}" for k, v in sorted(stuck.items())),
+                        evidence={"role": role, "rank": index, "stuck": stuck, "after_drain": dict(rank)},
+                    )
+                )
             base = before[index] if before is not None and index < len(before) else None
             if base is None:
-                findings.append(Finding(
-                    self.name, Verdict.INCONCLUSIVE,
-                    f"{where}: no idle_before /v1/loads snapshot: used tokens after the load cannot be compared",
-                    evidence={"role": role, "rank": index, "after_drain": dict(rank)},
-                ))
+                findings.append(
+                    Finding(
+                        self.name,
+                        Verdict.INCONCLUSIVE,
+                        f"{where}: no idle_before /v1/loads snapshot: used tokens after the load cannot be compared",
+                        evidence={"role": role, "rank": index, "after_drain": dict(rank)},
+                    )
+                )
                 continue
             for key in TOKEN_KEYS:
                 now, was = _number(rank.get(key)), _number(base.get(key))
@@ -322,24 +374,45 @@ class LivenessOracle:
                     continue
                 checked += 1
                 if now > was and held:
-                    findings.append(Finding(
-                        self.name, Verdict.INCONCLUSIVE,
-                        f"{where}: {key} is {now:g} after the load drained, {was:g} before it, while the engine "
-                        f"still holds {held:g} request(s) back on purpose (deferred KV release): page return not verified",
-                        evidence={"role": role, "rank": index, "key": key, "idle_before": was, "after_drain": now,
-                                  HELD_BACK: held},
-                    ))
+                    findings.append(
+                        Finding(
+                            self.name,
+                            Verdict.INCONCLUSIVE,
+                            f"{where}: {key} is {now:g} after the load drained, {was:g} before it, while the engine "
+                            f"still holds {held:g} request(s) back on purpose (deferred KV release): page return not verified",
+                            evidence={
+                                "role": role,
+                                "rank": index,
+                                "key": key,
+                                "idle_before": was,
+                                "after_drain": now,
+                                HELD_BACK: held,
+                            },
+                        )
+                    )
                 elif now > was:
-                    findings.append(Finding(
-                        self.name, Verdict.FAIL,
-                        f"{where}: {key} is {now:g} after the load drained, {was:g} before it: "
-                        f"{now - was:g} token(s) of KV pages leaked",
-                        evidence={"role": role, "rank": index, "key": key, "idle_before": was, "after_drain": now,
-                                  "leaked": now - was, "max_total_num_tokens": rank.get("max_total_num_tokens")},
-                    ))
-            notes.append(f"quiescence: {where} after drain: " + ", ".join(
-                f"{k}={rank.get(k)}" for k in TOKEN_KEYS if k in rank)
-                + (f" (before: {', '.join(f'{k}={base.get(k)}' for k in TOKEN_KEYS if k in base)})"))
+                    findings.append(
+                        Finding(
+                            self.name,
+                            Verdict.FAIL,
+                            f"{where}: {key} is {now:g} after the load drained, {was:g} before it: "
+                            f"{now - was:g} token(s) of KV pages leaked",
+                            evidence={
+                                "role": role,
+                                "rank": index,
+                                "key": key,
+                                "idle_before": was,
+                                "after_drain": now,
+                                "leaked": now - was,
+                                "max_total_num_tokens": rank.get("max_total_num_tokens"),
+                            },
+                        )
+                    )
+            notes.append(
+                f"quiescence: {where} after drain: "
+                + ", ".join(f"{k}={rank.get(k)}" for k in TOKEN_KEYS if k in rank)
+                + (f" (before: {', '.join(f'{k}={base.get(k)}' for k in TOKEN_KEYS if k in base)})")
+            )
         return checked
 
     # -------------------------------------------------------------------------- idle moments ----
@@ -347,7 +420,9 @@ class LivenessOracle:
     def _idle_moments(self, ctx: OracleContext, findings: list[Finding], notes: list[str]) -> int:
         """Pages still out at two successive idle samples of a role, mid-load: a leak (see above)."""
         baseline: dict[str, list[Mapping[str, Any]]] = {}
-        previous: dict[tuple[str, int], tuple[float, float] | None] = {}  # (role, rank) -> (t, excess) of the last sample
+        previous: dict[
+            tuple[str, int], tuple[float, float] | None
+        ] = {}  # (role, rank) -> (t, excess) of the last sample
         idle_samples: Counter[str] = Counter()
         leaked: set[str] = set()
         for t, snapshot in ctx.timed_snapshots("loads"):
@@ -370,19 +445,31 @@ class LivenessOracle:
                 if excess is None or excess <= 0 or last is None or last[1] != excess or where in leaked:
                     continue
                 leaked.add(where)
-                findings.append(Finding(
-                    self.name, Verdict.FAIL,
-                    f"{where}: {excess:g} token(s) of KV pages still in use at two idle moments mid-load "
-                    f"({t - last[0]:.1f} s apart, no request holding pages): pages leaked",
-                    window=_first(ctx.windows_at(last[0])),
-                    evidence={"role": role, "rank": index, "leaked": excess, "t_snapshot": last[0], "t_confirmed": t,
-                              "num_used_tokens": rank.get("num_used_tokens"),
-                              "quarantined_tokens": rank.get("quarantined_tokens"),
-                              "idle_before": None if base is None else base.get("num_used_tokens")},
-                ))
+                findings.append(
+                    Finding(
+                        self.name,
+                        Verdict.FAIL,
+                        f"{where}: {excess:g} token(s) of KV pages still in use at two idle moments mid-load "
+                        f"({t - last[0]:.1f} s apart, no request holding pages): pages leaked",
+                        window=_first(ctx.windows_at(last[0])),
+                        evidence={
+                            "role": role,
+                            "rank": index,
+                            "leaked": excess,
+                            "t_snapshot": last[0],
+                            "t_confirmed": t,
+                            "num_used_tokens": rank.get("num_used_tokens"),
+                            "quarantined_tokens": rank.get("quarantined_tokens"),
+                            "idle_before": None if base is None else base.get("num_used_tokens"),
+                        },
+                    )
+                )
         if idle_samples:
-            notes.append("idle moments mid-load: " + ", ".join(f"{role} {n}" for role, n in sorted(idle_samples.items()))
-                         + (f"; pages still out at two of them on {', '.join(sorted(leaked))}" if leaked else "; no pages out"))
+            notes.append(
+                "idle moments mid-load: "
+                + ", ".join(f"{role} {n}" for role, n in sorted(idle_samples.items()))
+                + (f"; pages still out at two of them on {', '.join(sorted(leaked))}" if leaked else "; no pages out")
+            )
         return sum(idle_samples.values())
 
 

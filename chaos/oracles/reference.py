@@ -46,8 +46,9 @@ class Comparison:
     compared: str = ""  # what was compared, for the evidence
 
 
-def compare(reference: str, candidate: str, settings: OracleSettings, *, partial: bool = False,
-            prefix_ok: bool = False) -> Comparison:
+def compare(
+    reference: str, candidate: str, settings: OracleSettings, *, partial: bool = False, prefix_ok: bool = False
+) -> Comparison:
     """Does `candidate` reproduce `reference` under the settings?
 
     `partial`: the candidate ended early, so only what it has must agree (it is a prefix).
@@ -87,7 +88,7 @@ def _exact_prefix(full: str, prefix: str, what: str) -> Comparison:
 
 
 def _first_difference(a: str | list[str], b: str | list[str]) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return min(len(a), len(b))
@@ -136,8 +137,9 @@ class ReferenceOracle:
                 if not complete and not replay.response_text:
                     continue  # ended before any text: nothing to compare
                 prefix_ok = replay.max_tokens != reference.max_tokens
-                result = compare(reference.response_text, replay.response_text, settings,
-                                 partial=not complete, prefix_ok=prefix_ok)
+                result = compare(
+                    reference.response_text, replay.response_text, settings, partial=not complete, prefix_ok=prefix_ok
+                )
                 checked += 1
                 partial_checked += 0 if complete else 1
                 if result.matches:
@@ -147,65 +149,90 @@ class ReferenceOracle:
                     continue
                 per_probe += 1
                 faults = ctx.windows_at(replay.t_send)
-                mismatches.append(Finding(
-                    self.name, Verdict.FAIL,
-                    f"probe {index}: {'partial ' if not complete else ''}response to {replay.id} differs from its "
-                    f"isolated reference {reference.id} ({result.compared}, first difference at {result.divergence})",
-                    request_id=replay.id, window=_first(faults),
-                    evidence={
-                        "probe": index, "reference_id": reference.id, "phase": replay.phase,
-                        "compared": result.compared, "divergence": result.divergence,
-                        "expected": _excerpt(reference.response_text, result.divergence),
-                        "got": _excerpt(replay.response_text, result.divergence),
-                        "finish_reason": replay.finish_reason, "faults_active": faults,
-                    },
-                ))
+                mismatches.append(
+                    Finding(
+                        self.name,
+                        Verdict.FAIL,
+                        f"probe {index}: {'partial ' if not complete else ''}response to {replay.id} differs from its "
+                        f"isolated reference {reference.id} ({result.compared}, first difference at {result.divergence})",
+                        request_id=replay.id,
+                        window=_first(faults),
+                        evidence={
+                            "probe": index,
+                            "reference_id": reference.id,
+                            "phase": replay.phase,
+                            "compared": result.compared,
+                            "divergence": result.divergence,
+                            "expected": _excerpt(reference.response_text, result.divergence),
+                            "got": _excerpt(replay.response_text, result.divergence),
+                            "finish_reason": replay.finish_reason,
+                            "faults_active": faults,
+                        },
+                    )
+                )
         rate = mismatched / checked if checked else 0.0
         tolerance = settings.reference_max_mismatch_rate
         mode = "exact" if settings.reference_exact else f"first {settings.reference_prefix_tokens} whitespace tokens"
-        notes.append(f"compared {checked} replay(s) of {len(probes)} probe(s) ({partial_checked} partial) by {mode}; "
-                     f"{mismatched} mismatch(es), rate {rate:.4f}, allowed {tolerance:.4f}")
+        notes.append(
+            f"compared {checked} replay(s) of {len(probes)} probe(s) ({partial_checked} partial) by {mode}; "
+            f"{mismatched} mismatch(es), rate {rate:.4f}, allowed {tolerance:.4f}"
+        )
         if tolerance > 0:
-            notes.append(f"mismatch tolerance {tolerance:.4f} is a calibrated allowance for numeric drift "
-                         "(measured on clean runs of this engine)")
+            notes.append(
+                f"mismatch tolerance {tolerance:.4f} is a calibrated allowance for numeric drift "
+                "(measured on clean runs of this engine)"
+            )
         if mismatched and rate <= tolerance:
-            notes.append(f"{mismatched} mismatch(es) tolerated: rate {rate:.4f} <= {tolerance:.4f}; "
-                         f"first: {mismatches[0].summary}")
+            notes.append(
+                f"{mismatched} mismatch(es) tolerated: rate {rate:.4f} <= {tolerance:.4f}; "
+                f"first: {mismatches[0].summary}"
+            )
         elif mismatched:
             findings.extend(mismatches)
         return OracleResult.from_findings(self.name, checked, findings, notes)
 
-    def _reference(self, index: int, baselines: list[RequestRecord],
-                   settings: OracleSettings) -> tuple[RequestRecord | None, Finding | None]:
+    def _reference(
+        self, index: int, baselines: list[RequestRecord], settings: OracleSettings
+    ) -> tuple[RequestRecord | None, Finding | None]:
         """The probe's reference record, or why there is none (an INCONCLUSIVE finding)."""
         if not baselines:
-            return None, Finding(self.name, Verdict.INCONCLUSIVE, f"probe {index}: no baseline was recorded",
-                                 evidence={"probe": index})
+            return None, Finding(
+                self.name, Verdict.INCONCLUSIVE, f"probe {index}: no baseline was recorded", evidence={"probe": index}
+            )
         good = [b for b in baselines if _is_complete(b)]
         if not good:
             first = baselines[0]
             return None, Finding(
-                self.name, Verdict.INCONCLUSIVE,
+                self.name,
+                Verdict.INCONCLUSIVE,
                 f"probe {index}: baseline {first.id} did not succeed (status {first.status}, finish {first.finish_reason})",
                 request_id=first.id,
                 evidence={"probe": index, "statuses": [b.status for b in baselines], "error_class": first.error_class},
             )
         reference = good[0]
         for other in good[1:]:
-            result = compare(reference.response_text, other.response_text, settings,
-                             prefix_ok=other.max_tokens != reference.max_tokens)
+            result = compare(
+                reference.response_text,
+                other.response_text,
+                settings,
+                prefix_ok=other.max_tokens != reference.max_tokens,
+            )
             if not result.matches:
                 # Where the campaign asserts determinism (the embedded engine, deterministic mode),
                 # an isolated greedy request that changes between two sends read KV it did not
                 # write: that is a finding. Elsewhere it only means the baseline proves nothing.
                 verdict = Verdict.FAIL if settings.reference_exact else Verdict.INCONCLUSIVE
                 return None, Finding(
-                    self.name, verdict,
+                    self.name,
+                    verdict,
                     f"probe {index}: baseline did not reproduce ({reference.id} vs {other.id}, "
                     f"{result.compared}, first difference at {result.divergence})",
                     request_id=other.id,
-                    evidence={"probe": index, "reference_id": reference.id,
-                              "expected": _excerpt(reference.response_text, result.divergence),
-                              "got": _excerpt(other.response_text, result.divergence)},
+                    evidence={
+                        "probe": index,
+                        "reference_id": reference.id,
+                        "expected": _excerpt(reference.response_text, result.divergence),
+                        "got": _excerpt(other.response_text, result.divergence),
+                    },
                 )
         return reference, None

@@ -86,8 +86,10 @@ class KSResult:
         return self.n * self.m / (self.n + self.m)
 
     def describe(self) -> str:
-        return (f"KS n={self.n}, m={self.m}: D={self.d:.3f} (two-sided p={self.p_two_sided:.3g}), "
-                f"D+={self.d_plus:.3f} (one-sided p={self.p_a_smaller:.3g})")
+        return (
+            f"KS n={self.n}, m={self.m}: D={self.d:.3f} (two-sided p={self.p_two_sided:.3g}), "
+            f"D+={self.d_plus:.3f} (one-sided p={self.p_a_smaller:.3g})"
+        )
 
 
 def kolmogorov_sf(lam: float) -> float:
@@ -137,8 +139,15 @@ def ks_two_sample(a: Sequence[float], b: Sequence[float]) -> KSResult:
     d_minus = max(0.0, float(-diff.min()))
     d = max(d_plus, d_minus)
     root = math.sqrt(n * m / (n + m))
-    return KSResult(n=n, m=m, d=d, d_plus=d_plus, d_minus=d_minus,
-                    p_two_sided=kolmogorov_sf(root * d), p_a_smaller=smirnov_one_sided_sf(root * d_plus))
+    return KSResult(
+        n=n,
+        m=m,
+        d=d,
+        d_plus=d_plus,
+        d_minus=d_minus,
+        p_two_sided=kolmogorov_sf(root * d),
+        p_a_smaller=smirnov_one_sided_sf(root * d_plus),
+    )
 
 
 def best_possible_p(n: int, m: int) -> float:
@@ -215,9 +224,13 @@ class TenantIsolationOracle:
             else:
                 unknown[record.actor or "(none)"] += 1
         times = {role: [t for r in rs if (t := ttft(r)) is not None] for role, rs in by_role.items()}
-        notes = [f"{role}: {len(by_role[role])} record(s), {len(times[role])} with a TTFT (median {_ms(times[role])})"
-                 for role in ROLES]
-        notes += [f"{count} tenant record(s) with an unknown role {actor!r} ignored" for actor, count in unknown.items()]
+        notes = [
+            f"{role}: {len(by_role[role])} record(s), {len(times[role])} with a TTFT (median {_ms(times[role])})"
+            for role in ROLES
+        ]
+        notes += [
+            f"{count} tenant record(s) with an unknown role {actor!r} ignored" for actor, count in unknown.items()
+        ]
         findings: list[Finding] = []
 
         # (b) the engine's own telemetry: a cross-tenant cache hit. The attacker's own opening (the
@@ -228,29 +241,45 @@ class TenantIsolationOracle:
         control_hits = [r.cached_tokens for r in by_role[ATTACKER_CONTROL] if r.status == 200 and r.cached_tokens]
         own = max(control_hits, default=0) if max(control_hits, default=0) <= OWN_OPENING_MAX_TOKENS else 0
         if own:
-            notes.append(f"the attacker's controls report up to {own} cached token(s): its own opening, "
-                         f"discounted from every guess")
+            notes.append(
+                f"the attacker's controls report up to {own} cached token(s): its own opening, "
+                f"discounted from every guess"
+            )
         for guess in by_role[ATTACKER_GUESS]:
             if guess.status == 200 and guess.cached_tokens and guess.cached_tokens > own:
                 victim = victims.get(guess.request_index)
                 faults = ctx.windows_at(guess.t_send)
-                findings.append(Finding(
-                    self.name, Verdict.FAIL,
-                    f"cross-tenant cache hit: {guess.id} (attacker salt) reused {guess.cached_tokens} cached token(s) of "
-                    f"a prefix only the victim tenant had sent"
-                    + (f" ({victim.id})" if victim else ""),
-                    request_id=guess.id, victim_request_id=victim.id if victim else None, window=_first(faults),
-                    evidence={"cached_tokens": guess.cached_tokens, "prompt_tokens": guess.prompt_tokens,
-                              "ttft_s": ttft(guess), "faults_active": faults},
-                ))
-        bogus = [r for r in by_role[ATTACKER_CONTROL] if r.status == 200 and (r.cached_tokens or 0) > OWN_OPENING_MAX_TOKENS]
+                findings.append(
+                    Finding(
+                        self.name,
+                        Verdict.FAIL,
+                        f"cross-tenant cache hit: {guess.id} (attacker salt) reused {guess.cached_tokens} cached token(s) of "
+                        f"a prefix only the victim tenant had sent" + (f" ({victim.id})" if victim else ""),
+                        request_id=guess.id,
+                        victim_request_id=victim.id if victim else None,
+                        window=_first(faults),
+                        evidence={
+                            "cached_tokens": guess.cached_tokens,
+                            "prompt_tokens": guess.prompt_tokens,
+                            "ttft_s": ttft(guess),
+                            "faults_active": faults,
+                        },
+                    )
+                )
+        bogus = [
+            r for r in by_role[ATTACKER_CONTROL] if r.status == 200 and (r.cached_tokens or 0) > OWN_OPENING_MAX_TOKENS
+        ]
         if bogus:
-            findings.append(Finding(
-                self.name, Verdict.INCONCLUSIVE,
-                f"{len(bogus)} control prompt(s) never sent before report cached tokens (e.g. {bogus[0].id}: "
-                f"{bogus[0].cached_tokens}): the cached_tokens telemetry cannot tell a cross-tenant hit apart",
-                request_id=bogus[0].id, evidence={"cached_tokens": [r.cached_tokens for r in bogus]},
-            ))
+            findings.append(
+                Finding(
+                    self.name,
+                    Verdict.INCONCLUSIVE,
+                    f"{len(bogus)} control prompt(s) never sent before report cached tokens (e.g. {bogus[0].id}: "
+                    f"{bogus[0].cached_tokens}): the cached_tokens telemetry cannot tell a cross-tenant hit apart",
+                    request_id=bogus[0].id,
+                    evidence={"cached_tokens": [r.cached_tokens for r in bogus]},
+                )
+            )
 
         # (c) the timing side channel: guesses against never-sent controls.
         side = _faster(times[ATTACKER_GUESS], times[ATTACKER_CONTROL], self.alpha)
@@ -258,51 +287,79 @@ class TenantIsolationOracle:
         margin = _side_channel_margin(times, same.significant)
         gap = _median_gap(times[ATTACKER_GUESS], times[ATTACKER_CONTROL])
         if side.ks is not None:
-            notes.append(f"attacker guesses vs controls: {side.ks.describe()}, median gap {gap * 1000:.1f} ms; FAIL when "
-                         f"the one-sided p < {self.alpha:g} and the guesses are faster by at least {margin * 1000:.1f} ms")
+            notes.append(
+                f"attacker guesses vs controls: {side.ks.describe()}, median gap {gap * 1000:.1f} ms; FAIL when "
+                f"the one-sided p < {self.alpha:g} and the guesses are faster by at least {margin * 1000:.1f} ms"
+            )
         if side.significant and gap < margin:
-            notes.append(f"guesses were significantly but only {gap * 1000:.1f} ms faster than controls (the margin is "
-                         f"{margin * 1000:.1f} ms): drift, not a cache hit")
+            notes.append(
+                f"guesses were significantly but only {gap * 1000:.1f} ms faster than controls (the margin is "
+                f"{margin * 1000:.1f} ms): drift, not a cache hit"
+            )
         elif side.significant:
             assert side.ks is not None
-            findings.append(Finding(
-                self.name, Verdict.FAIL,
-                f"timing side channel: another tenant's prompt is observable: attacker guesses of the victim's prefix "
-                f"got their first token in {_ms(times[ATTACKER_GUESS])} (median) vs {_ms(times[ATTACKER_CONTROL])} for "
-                f"never-sent controls of the same length (KS D+={side.ks.d_plus:.3f}, p={side.ks.p_a_smaller:.3g})",
-                evidence={"d": side.ks.d, "d_plus": side.ks.d_plus, "p_one_sided": side.ks.p_a_smaller,
-                          "p_two_sided": side.ks.p_two_sided, "n_guess": side.ks.n, "n_control": side.ks.m,
-                          "median_gap_s": round(gap, 6), "margin_s": round(margin, 6),
-                          "guess_ttft_s": [round(t, 6) for t in times[ATTACKER_GUESS]],
-                          "control_ttft_s": [round(t, 6) for t in times[ATTACKER_CONTROL]]},
-            ))
+            findings.append(
+                Finding(
+                    self.name,
+                    Verdict.FAIL,
+                    f"timing side channel: another tenant's prompt is observable: attacker guesses of the victim's prefix "
+                    f"got their first token in {_ms(times[ATTACKER_GUESS])} (median) vs {_ms(times[ATTACKER_CONTROL])} for "
+                    f"never-sent controls of the same length (KS D+={side.ks.d_plus:.3f}, p={side.ks.p_a_smaller:.3g})",
+                    evidence={
+                        "d": side.ks.d,
+                        "d_plus": side.ks.d_plus,
+                        "p_one_sided": side.ks.p_a_smaller,
+                        "p_two_sided": side.ks.p_two_sided,
+                        "n_guess": side.ks.n,
+                        "n_control": side.ks.m,
+                        "median_gap_s": round(gap, 6),
+                        "margin_s": round(margin, 6),
+                        "guess_ttft_s": [round(t, 6) for t in times[ATTACKER_GUESS]],
+                        "control_ttft_s": [round(t, 6) for t in times[ATTACKER_CONTROL]],
+                    },
+                )
+            )
 
         # (a) the positive control: same-salt reuse must work, or nothing above proves isolation.
         repeats = [r for r in by_role[VICTIM_REPEAT] if r.status == 200]
         reported = [r for r in repeats if r.cached_tokens is not None]
         hits = [r for r in reported if r.cached_tokens]
         telemetry_reuse = bool(reported) and 2 * len(hits) >= len(reported)
-        notes.append(f"same-tenant reuse: {len(hits)} of {len(reported)} victim repeat(s) reporting cached_tokens hit "
-                     f"the cache" + (f"; repeats vs first sends: {same.ks.describe()}" if same.ks else ""))
+        notes.append(
+            f"same-tenant reuse: {len(hits)} of {len(reported)} victim repeat(s) reporting cached_tokens hit "
+            f"the cache" + (f"; repeats vs first sends: {same.ks.describe()}" if same.ks else "")
+        )
         if not telemetry_reuse and not same.significant:
-            findings.append(Finding(
-                self.name, Verdict.INCONCLUSIVE,
-                "prefix caching seems off: isolation cannot be shown (the victim's same-salt repeats showed no cache "
-                f"reuse: {len(hits)} of {len(reported)} reported cached tokens, TTFT {_ms(times[VICTIM_REPEAT])} vs "
-                f"{_ms(times[VICTIM])} on first send)",
-                evidence={"repeats": len(repeats), "reported": len(reported), "hits": len(hits),
-                          "p_repeat_faster": same.ks.p_a_smaller if same.ks else None},
-            ))
+            findings.append(
+                Finding(
+                    self.name,
+                    Verdict.INCONCLUSIVE,
+                    "prefix caching seems off: isolation cannot be shown (the victim's same-salt repeats showed no cache "
+                    f"reuse: {len(hits)} of {len(reported)} reported cached tokens, TTFT {_ms(times[VICTIM_REPEAT])} vs "
+                    f"{_ms(times[VICTIM])} on first send)",
+                    evidence={
+                        "repeats": len(repeats),
+                        "reported": len(reported),
+                        "hits": len(hits),
+                        "p_repeat_faster": same.ks.p_a_smaller if same.ks else None,
+                    },
+                )
+            )
         elif not same.significant:
-            notes.append("same-tenant cache hits were not visible in TTFT either: the timing comparison had no power "
-                         "at this resolution; isolation rests on the cached_tokens telemetry")
+            notes.append(
+                "same-tenant cache hits were not visible in TTFT either: the timing comparison had no power "
+                "at this resolution; isolation rests on the cached_tokens telemetry"
+            )
         if not any(r.cached_tokens is not None for r in by_role[ATTACKER_GUESS]):
             notes.append("no attacker guess reported cached_tokens: rule (b) could not be checked")
         if not side.possible:
-            findings.append(Finding(
-                self.name, Verdict.INCONCLUSIVE,
-                f"too few usable attacker records for the timing test ({len(times[ATTACKER_GUESS])} guess(es), "
-                f"{len(times[ATTACKER_CONTROL])} control(s)): even a complete separation would not reach p < {self.alpha:g}",
-            ))
+            findings.append(
+                Finding(
+                    self.name,
+                    Verdict.INCONCLUSIVE,
+                    f"too few usable attacker records for the timing test ({len(times[ATTACKER_GUESS])} guess(es), "
+                    f"{len(times[ATTACKER_CONTROL])} control(s)): even a complete separation would not reach p < {self.alpha:g}",
+                )
+            )
         checked = len({r.request_index for r in by_role[ATTACKER_GUESS] if r.status == 200})
         return OracleResult.from_findings(self.name, checked, findings, notes)

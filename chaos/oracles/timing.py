@@ -62,9 +62,11 @@ class PrefillModel:
 
     def describe(self) -> str:
         decode = f", c={self.c * 1000:.3f} ms/completion token" if self.c is not None else ""
-        return (f"TTFT = {self.a * 1000:.2f} ms + {self.b * 1e6:.2f} us/uncached token{decode} "
-                f"(residual sigma {self.sigma * 1000:.2f} ms, {self.points} baseline points, "
-                f"uncached {self.span[0]}..{self.span[1]} tokens)")
+        return (
+            f"TTFT = {self.a * 1000:.2f} ms + {self.b * 1e6:.2f} us/uncached token{decode} "
+            f"(residual sigma {self.sigma * 1000:.2f} ms, {self.points} baseline points, "
+            f"uncached {self.span[0]}..{self.span[1]} tokens)"
+        )
 
 
 def _first(labels: list[str]) -> str | None:
@@ -90,8 +92,9 @@ def observed_ttft(record: RequestRecord) -> tuple[float | None, bool]:
 class TimingTellOracle:
     name = "timing"
 
-    def __init__(self, *, min_points: int = 5, min_spread: float = 4.0, min_span_tokens: int = 256,
-                 noise_sigmas: float = 4.0) -> None:
+    def __init__(
+        self, *, min_points: int = 5, min_spread: float = 4.0, min_span_tokens: int = 256, noise_sigmas: float = 4.0
+    ) -> None:
         self.min_points = min_points
         self.min_spread = min_spread
         self.min_span_tokens = min_span_tokens
@@ -99,17 +102,24 @@ class TimingTellOracle:
 
     def evaluate(self, ctx: OracleContext) -> OracleResult:
         records = ctx.requests
-        baseline_tokens = {r.request_index: r.prompt_tokens for r in records
-                           if r.user_kind == PROBE_KIND and r.phase == BASELINE_PHASE and r.prompt_tokens is not None}
+        baseline_tokens = {
+            r.request_index: r.prompt_tokens
+            for r in records
+            if r.user_kind == PROBE_KIND and r.phase == BASELINE_PHASE and r.prompt_tokens is not None
+        }
         prompt_uses = Counter(r.prompt for r in records if r.prompt)
         model, why = self.calibrate([r for r in records if r.phase == BASELINE_PHASE], baseline_tokens, prompt_uses)
         if model is None:
             return OracleResult(self.name, Verdict.INCONCLUSIVE, 0, [], [f"no calibration: {why}"])
         factor = ctx.settings.timing_tell_factor
-        notes = [f"calibration: {model.describe()}",
-                 (f"threshold: a response is a tell when its TTFT < {factor:g} x predicted, judged only where "
-                 f"b*uncached >= max(a, 0) and >= {self.noise_sigmas:g} sigma, i.e. uncached >= "
-                 f"{self.min_judged_tokens(model)} tokens")]
+        notes = [
+            f"calibration: {model.describe()}",
+            (
+                f"threshold: a response is a tell when its TTFT < {factor:g} x predicted, judged only where "
+                f"b*uncached >= max(a, 0) and >= {self.noise_sigmas:g} sigma, i.e. uncached >= "
+                f"{self.min_judged_tokens(model)} tokens"
+            ),
+        ]
         findings: list[Finding] = []
         checked = 0
         skipped: Counter[str] = Counter()
@@ -137,17 +147,30 @@ class TimingTellOracle:
                 continue
             faults = ctx.windows_at(record.t_send)
             measure = "TTFT" if exact else "whole response (an upper bound of its TTFT)"
-            findings.append(Finding(
-                self.name, Verdict.FAIL,
-                f"{record.id} answered 200 in {seen * 1000:.1f} ms ({measure}); prefilling its {uncached} uncached "
-                f"token(s) takes about {predicted * 1000:.1f} ms (threshold {threshold * 1000:.1f} ms): work was skipped",
-                request_id=record.id, window=_first(faults),
-                evidence={"observed_s": round(seen, 6), "exact_ttft": exact, "predicted_ttft_s": round(predicted, 6),
-                          "threshold_s": round(threshold, 6), "uncached_tokens": uncached,
-                          "prompt_tokens": record.prompt_tokens, "cached_tokens": record.cached_tokens,
-                          "user_kind": record.user_kind, "phase": record.phase, "finish_reason": record.finish_reason,
-                          "completion_tokens": record.completion_tokens, "faults_active": faults},
-            ))
+            findings.append(
+                Finding(
+                    self.name,
+                    Verdict.FAIL,
+                    f"{record.id} answered 200 in {seen * 1000:.1f} ms ({measure}); prefilling its {uncached} uncached "
+                    f"token(s) takes about {predicted * 1000:.1f} ms (threshold {threshold * 1000:.1f} ms): work was skipped",
+                    request_id=record.id,
+                    window=_first(faults),
+                    evidence={
+                        "observed_s": round(seen, 6),
+                        "exact_ttft": exact,
+                        "predicted_ttft_s": round(predicted, 6),
+                        "threshold_s": round(threshold, 6),
+                        "uncached_tokens": uncached,
+                        "prompt_tokens": record.prompt_tokens,
+                        "cached_tokens": record.cached_tokens,
+                        "user_kind": record.user_kind,
+                        "phase": record.phase,
+                        "finish_reason": record.finish_reason,
+                        "completion_tokens": record.completion_tokens,
+                        "faults_active": faults,
+                    },
+                )
+            )
         for why, count in sorted(skipped.items()):
             notes.append(f"{count} 200 response(s) not judged: {why}")
         return OracleResult.from_findings(self.name, checked, findings, notes)
@@ -156,8 +179,9 @@ class TimingTellOracle:
         need = max(model.a, 0.0, self.noise_sigmas * model.sigma)
         return max(1, math.ceil(need / model.b))
 
-    def uncached(self, record: RequestRecord, baseline_tokens: dict[int, int],
-                 prompt_uses: Counter[str]) -> tuple[int | None, str]:
+    def uncached(
+        self, record: RequestRecord, baseline_tokens: dict[int, int], prompt_uses: Counter[str]
+    ) -> tuple[int | None, str]:
         prompt = record.prompt_tokens
         if prompt is None and record.user_kind == PROBE_KIND:
             prompt = baseline_tokens.get(record.request_index)
@@ -169,8 +193,9 @@ class TimingTellOracle:
             return prompt, ""  # a prompt sent once cannot hit the cache on itself
         return None, "no cached_tokens and the prompt was sent more than once (may be a cache hit)"
 
-    def calibrate(self, baseline: list[RequestRecord], baseline_tokens: dict[int, int],
-                  prompt_uses: Counter[str]) -> tuple[PrefillModel | None, str]:
+    def calibrate(
+        self, baseline: list[RequestRecord], baseline_tokens: dict[int, int], prompt_uses: Counter[str]
+    ) -> tuple[PrefillModel | None, str]:
         rows: list[tuple[float, float, float]] = []  # (uncached, completion term, latency)
         for record in baseline:
             if record.status != 200:
@@ -189,8 +214,10 @@ class TimingTellOracle:
         lengths = data[:, 0]
         low, high = int(lengths.min()), int(lengths.max())
         if high < self.min_spread * max(low, 1) or high - low < self.min_span_tokens:
-            return None, (f"baseline prompt lengths {low}..{high} uncached tokens do not spread enough "
-                          f"(need max >= {self.min_spread:g} x min and a span of {self.min_span_tokens} tokens)")
+            return None, (
+                f"baseline prompt lengths {low}..{high} uncached tokens do not spread enough "
+                f"(need max >= {self.min_spread:g} x min and a span of {self.min_span_tokens} tokens)"
+            )
         has_totals = bool(np.any(data[:, 1] > 0))
         design = np.column_stack([np.ones(len(data)), lengths] + ([data[:, 1]] if has_totals else []))
         coef, _, rank, _ = np.linalg.lstsq(design, data[:, 2], rcond=None)

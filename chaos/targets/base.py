@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from chaos.process import ManagedProcess
-from chaos.targets.launcher import PlannedCommand
+from chaos.targets.launcher import Launcher, PlannedCommand, ProcessHandle
+
+if TYPE_CHECKING:
+    from chaos.targets.dialect import EngineDialect
 
 WorkerRole = Literal["prefill", "decode"]
 
@@ -64,11 +67,12 @@ class Target(Protocol):
 
     kind: str
     run_dir: Path
+    dialect: EngineDialect  # how its engine states limits, failed transfers, aborts (SGLang's unless it says)
 
     @property
     def endpoints(self) -> Endpoints: ...
 
-    def processes(self, role: str) -> list[ManagedProcess]:
+    def processes(self, role: str) -> list[ProcessHandle]:
         """The process groups of a role the suite may signal (empty when attached by URL)."""
         ...
 
@@ -83,8 +87,31 @@ class Target(Protocol):
     def logs(self, role: str) -> str: ...
 
 
+class LinkProxy(Protocol):
+    """A fault proxy on one link of a target: where it forwards to, and its control API."""
+
+    @property
+    def upstream(self) -> str: ...
+
+    @property
+    def control_url(self) -> str: ...
+
+
+@runtime_checkable
+class ProxiedLinks(Protocol):
+    """A target with a fault proxy on its links, by link name (the embedded stack with
+    `proxied_links`). The link faults act through these; on a target that is not one, or has no
+    proxy on the link, they are not available."""
+
+    @property
+    def proxies(self) -> Mapping[str, LinkProxy]: ...
+
+
 class Stack(Target, Protocol):
     """A target the suite launches itself, and so can also plan, start and stop."""
+
+    launcher: Launcher  # where each role's processes run: this machine or a Ray node
+    pool_report: list[dict[str, Any]]  # each role's expected vs reported KV pool after up(); empty where none is set
 
     def plan(self) -> list[PlannedCommand]:
         """Every process it would start, fully resolved (`pdchaos plan` prints these)."""

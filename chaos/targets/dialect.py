@@ -2,32 +2,21 @@
 
 Faults and the runner read a target through its dialect instead of hard-coding one engine's metric
 names and log lines, so the same fault confirms itself on SGLang (and the embedded engine, which
-speaks SGLang's formats) and on vLLM. A target names its dialect in its `dialect` attribute;
-targets without one (attached by URL) are read as SGLang, whose endpoints they most often have.
+speaks SGLang's formats) and on vLLM. Every target names its dialect in its `dialect` attribute
+(`chaos.targets.base.Target`); one attached by URL is read as SGLang, whose endpoints it most
+often has.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from chaos.facts import Sample, parse_prometheus_text
+from chaos.facts.prometheus import Sample, parse_prometheus_text
+from chaos.limits import WorkerLimits
 
 TIMEOUT_S = 3.0
-
-
-@dataclass(frozen=True)
-class WorkerLimits:
-    """What a worker admits, as it reports it; None where it says nothing."""
-
-    pool_tokens: int | None = None  # KV pool size (SGLang max_total_num_tokens)
-    context_length: int | None = None
-    max_input_tokens: int | None = None  # SGLang max_req_input_len
-
-    def as_tuple(self) -> tuple[int | None, int | None, int | None]:
-        return self.pool_tokens, self.context_length, self.max_input_tokens
 
 
 def _int(value: Any) -> int | None:
@@ -70,8 +59,10 @@ class EngineDialect:
 
     name = "sglang"
     # Counters a worker keeps of KV transfers that failed (on either side of the handoff).
-    transfer_failure_metrics: tuple[str, ...] = ("sglang:num_transfer_failed_reqs_total",
-                                                 "sglang:num_bootstrap_failed_reqs_total")
+    transfer_failure_metrics: tuple[str, ...] = (
+        "sglang:num_transfer_failed_reqs_total",
+        "sglang:num_bootstrap_failed_reqs_total",
+    )
     # A line in a worker's log saying its peer did not deliver or answer in time.
     transfer_timeout_log = r"timed out after [0-9.]+s in KVPoll\.|Lost connection with prefill instance"
     aborted_metrics: tuple[str, ...] = ("sglang:num_aborted_requests_total",)
@@ -91,9 +82,11 @@ class EngineDialect:
         info = get_json(f"{url}/server_info")
         info = info if isinstance(info, dict) else {}
         context = _int(info.get("context_length"))
-        return WorkerLimits(_int(info.get("max_total_num_tokens")),
-                            context if context is not None else models_max_len(url),
-                            _int(info.get("max_req_input_len")))
+        return WorkerLimits(
+            _int(info.get("max_total_num_tokens")),
+            context if context is not None else models_max_len(url),
+            _int(info.get("max_req_input_len")),
+        )
 
     def transfer_failures(self, url: str) -> float | None:
         return metric_sum(url, self.transfer_failure_metrics)
@@ -103,8 +96,3 @@ class EngineDialect:
 
 
 SGLANG = EngineDialect()
-
-
-def dialect_of(target: Any) -> EngineDialect:
-    dialect = getattr(target, "dialect", None)
-    return dialect if isinstance(dialect, EngineDialect) else SGLANG

@@ -1,19 +1,34 @@
-"""Read what a running target says about itself, through SGLang's endpoints where it has them."""
+"""What a running target says about itself (`TargetFacts`, what the load is aimed with), read
+through SGLang's endpoints where it has them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import httpx
 
-from chaos.facts import parse_models, parse_server_info
-from loadprofiles.config import TargetFacts
+from chaos.facts.endpoints import parse_models, parse_server_info
+from chaos.limits import WorkerLimits
+
+ApiStyle = Literal["sglang", "openai"]
+
+
+@dataclass(frozen=True)
+class TargetFacts(WorkerLimits):
+    """What the users need of the target: its limits (the tightest any worker states; None where
+    none says), the model to name, the routes it serves and where an abort goes."""
+
+    model: str = "default"
+    api: ApiStyle = "sglang"  # "sglang": /generate is served too; "openai": OpenAI routes only
+    abort_urls: tuple[str, ...] = ()  # workers that take POST /abort_request (SGLang: both)
 
 
 def discover_facts(base_url: str, abort_urls: tuple[str, ...] = (), timeout_s: float = 5.0) -> TargetFacts:
     """Model, context length and pool limits from /v1/models and /server_info; None if unsaid."""
-    model, context, pool, max_input, api = "default", None, None, None, "openai"
+    model, context, pool, max_input = "default", None, None, None
+    api: ApiStyle = "openai"
     with httpx.Client(timeout=timeout_s, trust_env=False) as client:
         try:
             models = parse_models(client.get(f"{base_url}/v1/models").json())
@@ -37,8 +52,14 @@ def discover_facts(base_url: str, abort_urls: tuple[str, ...] = (), timeout_s: f
             pool, max_input = info.max_total_num_tokens, info.max_req_input_len
             context = context or info.context_length
             break
-    return TargetFacts(model=model, api=api, context_length=context, max_total_num_tokens=pool,
-                       max_req_input_len=max_input, abort_urls=abort_urls)
+    return TargetFacts(
+        model=model,
+        api=api,
+        context_length=context,
+        max_total_num_tokens=pool,
+        max_req_input_len=max_input,
+        abort_urls=abort_urls,
+    )
 
 
 def served_adapters(infos: Mapping[str, Mapping[str, Any]]) -> tuple[str, ...] | None:

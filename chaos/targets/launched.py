@@ -10,17 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from chaos.targets.dialect import SGLANG, EngineDialect
 from chaos.targets.launcher import Launcher, LocalLauncher, ProcessHandle
 from chaos.targets.state import state_path, write_state
 
 
 class LaunchedStack:
     kind: str
+    dialect: EngineDialect = SGLANG  # the embedded engine speaks SGLang's formats
 
     def __init__(self, run_dir: Path, launcher: Launcher | None = None) -> None:
         self.run_dir = run_dir
         self.log_dir = run_dir / "logs"
-        self.launcher = launcher or LocalLauncher()
+        self.launcher: Launcher = launcher or LocalLauncher()
+        self.pool_report: list[dict[str, Any]] = []  # a stack that sets a role's KV pool checks it after up()
         self.procs: dict[str, ProcessHandle] = {}  # process name -> handle; a role's server is named after it
         self._hosts: dict[str, str] = {}  # role -> the address its servers bind and advertise
 
@@ -50,8 +53,16 @@ class LaunchedStack:
 
     def write_state(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_state(self.run_dir, self.kind, self.endpoints, self.procs, self.launcher, self.log_dir,
-                    role_of=self._state_roles(), extra=self._state_extra())
+        write_state(
+            self.run_dir,
+            self.kind,
+            self.endpoints,
+            self.procs,
+            self.launcher,
+            self.log_dir,
+            role_of=self._state_roles(),
+            extra=self._state_extra(),
+        )
 
     @property
     def endpoints(self) -> Any:

@@ -23,7 +23,8 @@ from typing import Any
 
 from chaos.errors import TargetError
 from chaos.gpu import GpuInventory, read_inventory
-from chaos.process import ManagedProcess, free_port, launch, process_state
+from chaos.process import ManagedProcess, free_port, group_members, launch, process_state
+from chaos.ray_session import connect_ray, disconnect_ray
 from chaos.targets.launcher import PlannedCommand
 
 NAMESPACE = "pdchaos"
@@ -44,8 +45,11 @@ class NodeAgent:
     def where(self) -> dict[str, Any]:
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
-                "hostname": socket.gethostname()}
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname(),
+        }
 
     def free_port(self, host: str) -> int:
         return free_port(host)
@@ -76,8 +80,6 @@ class NodeAgent:
         return self.procs[name].group_states()
 
     def pgid_states(self, pgid: int) -> dict[int, str]:
-        from chaos.process import group_members
-
         return {pid: state for pid in group_members(pgid) if (state := process_state(pid)) is not None}
 
     def stop(self, name: str, timeout_s: float) -> int | None:
@@ -112,7 +114,8 @@ class RemoteProcess:
 
     @property
     def returncode(self) -> int | None:
-        return self._get(self.agent.returncode.remote(self.name))
+        code: int | None = self._get(self.agent.returncode.remote(self.name))
+        return code
 
     def alive(self) -> bool:
         return self.returncode is None
@@ -124,18 +127,18 @@ class RemoteProcess:
         return {int(k): v for k, v in self._get(self.agent.group_states.remote(self.name)).items()}
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
-        return self._get(self.agent.stop.remote(self.name, timeout_s))
+        code: int | None = self._get(self.agent.stop.remote(self.name, timeout_s))
+        return code
 
     def read_log(self) -> str:
-        return self._get(self.agent.read_log.remote(self.name))
+        text: str = self._get(self.agent.read_log.remote(self.name))
+        return text
 
 
 class RayLauncher:
     """Places each role on the node offering its resource, through one named agent per role."""
 
     def __init__(self, ray_address: str, run_id: str | None = None) -> None:
-        from chaos.cluster import connect_ray
-
         self.ray_address = ray_address
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self._owns_ray, self._ray = connect_ray(ray_address)
@@ -147,12 +150,18 @@ class RayLauncher:
             raise TargetError(
                 f"no Ray node offers {', '.join(role_resource(r) for r in missing)}: start the prefill and decode nodes with "
                 f"`ray start --address {ray_address} --resources '{{\"{role_resource(missing[0])}\": 1}}'` "
-                f"(offered now: {', '.join(sorted(offered)) or 'none'})")
+                f"(offered now: {', '.join(sorted(offered)) or 'none'})"
+            )
         self._offered = offered
 
     def _offered_resources(self) -> set[str]:
-        return {k for node in self._ray.nodes() if node.get("Alive") for k in node.get("Resources", {})
-                if k.startswith(RESOURCE_PREFIX)}
+        return {
+            k
+            for node in self._ray.nodes()
+            if node.get("Alive")
+            for k in node.get("Resources", {})
+            if k.startswith(RESOURCE_PREFIX)
+        }
 
     def agent_name(self, role: str) -> str:
         return f"agent-{self.run_id}-{role}"
@@ -161,14 +170,21 @@ class RayLauncher:
         if role in self.agents:
             return self.agents[role]
         ray = self._ray
-        options: dict[str, Any] = {"num_cpus": 0, "name": self.agent_name(role), "namespace": NAMESPACE,
-                                   "lifetime": "detached", "max_concurrency": 8}
+        options: dict[str, Any] = {
+            "num_cpus": 0,
+            "name": self.agent_name(role),
+            "namespace": NAMESPACE,
+            "lifetime": "detached",
+            "max_concurrency": 8,
+        }
         if role_resource(role) in self._offered:
             options["resources"] = {role_resource(role): 0.001}
         else:  # the router (and its proxies) go beside the driver when no node is set aside for them
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False
+            )
         agent = ray.remote(NodeAgent).options(**options).remote()
         self.where[role] = ray.get(agent.where.remote(), timeout=120)
         self.agents[role] = agent
@@ -193,13 +209,20 @@ class RayLauncher:
     def placement(self, role: str) -> str:
         where = self.where.get(role)
         if where is None:
-            return f"the Ray node offering {role_resource(role)}" if role_resource(role) in self._offered else "the driver's Ray node"
+            return (
+                f"the Ray node offering {role_resource(role)}"
+                if role_resource(role) in self._offered
+                else "the driver's Ray node"
+            )
         return f"Ray node {where['node_id'][:12]} ({where['hostname']}, {where['ip']})"
 
     def state(self) -> dict[str, Any]:
         """What `pdchaos heal` needs to find the agents again (written into target.json)."""
-        return {"ray_address": self.ray_address, "namespace": NAMESPACE,
-                "agents": {role: self.agent_name(role) for role in self.agents}}
+        return {
+            "ray_address": self.ray_address,
+            "namespace": NAMESPACE,
+            "agents": {role: self.agent_name(role) for role in self.agents},
+        }
 
     def close(self) -> None:
         """Stop every process the agents hold, then the agents (idempotent)."""
@@ -210,14 +233,12 @@ class RayLauncher:
                 self._ray.kill(agent)
         self.agents.clear()
         if self._owns_ray:
-            self._ray.shutdown()
+            disconnect_ray(self._ray)
             self._owns_ray = False
 
 
 def heal_agents(state: dict[str, Any]) -> list[str]:
     """From another process: resume and stop everything the named agents of a run hold."""
-    from chaos.cluster import connect_ray
-
     owns, ray = connect_ray(state["ray_address"])
     done: list[str] = []
     try:
@@ -231,14 +252,12 @@ def heal_agents(state: dict[str, Any]) -> list[str]:
             done.append(f"stopped agent {name}")
     finally:
         if owns:
-            ray.shutdown()
+            disconnect_ray(ray)
     return done
 
 
 def signal_remote(state: dict[str, Any], role: str, pgid: int, signum: int = signal.SIGCONT) -> bool:
     """Signal a process group on a role's node through its agent (heal of a stall after a crash)."""
-    from chaos.cluster import connect_ray
-
     owns, ray = connect_ray(state["ray_address"])
     try:
         agent = ray.get_actor(state["agents"][role], namespace=state.get("namespace", NAMESPACE))
@@ -247,4 +266,4 @@ def signal_remote(state: dict[str, Any], role: str, pgid: int, signum: int = sig
         return False
     finally:
         if owns:
-            ray.shutdown()
+            disconnect_ray(ray)

@@ -17,6 +17,7 @@ from typing import Any
 from chaos.process import kill_group, pid_alive
 from chaos.targets.base import Endpoints, ProcessRef, TargetState
 from chaos.targets.launcher import Launcher, ProcessHandle
+from chaos.targets.nodes import heal_agents
 
 STATE_FILE = "target.json"
 
@@ -25,13 +26,26 @@ def state_path(run_dir: Path) -> Path:
     return run_dir / STATE_FILE
 
 
-def write_state(run_dir: Path, kind: str, endpoints: Endpoints, procs: Mapping[str, ProcessHandle], launcher: Launcher,
-                log_dir: Path, role_of: Mapping[str, str] | None = None, extra: Mapping[str, Any] | None = None) -> None:
+def write_state(
+    run_dir: Path,
+    kind: str,
+    endpoints: Endpoints,
+    procs: Mapping[str, ProcessHandle],
+    launcher: Launcher,
+    log_dir: Path,
+    role_of: Mapping[str, str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> None:
     """Record the live processes (name -> handle); `role_of` names a process's role when it is not its name."""
-    state = TargetState(kind=kind, endpoints=endpoints, processes=[
-        ProcessRef(name, (role_of or {}).get(name, name), p.pid, p.pgid, str(log_dir / f"{name}.log"))
-        for name, p in procs.items() if p.alive()
-    ])
+    state = TargetState(
+        kind=kind,
+        endpoints=endpoints,
+        processes=[
+            ProcessRef(name, (role_of or {}).get(name, name), p.pid, p.pgid, str(log_dir / f"{name}.log"))
+            for name, p in procs.items()
+            if p.alive()
+        ],
+    )
     data = dataclasses.asdict(state)
     data["launcher"] = launcher.state()
     data.update(extra or {})
@@ -53,8 +67,6 @@ def stop_from_state(run_dir: Path) -> list[str]:
     done: list[str] = []
     launcher = data.get("launcher") or {}
     if launcher.get("agents"):  # on Ray nodes: the agents beside the processes stop them
-        from chaos.targets.nodes import heal_agents
-
         done.extend(heal_agents(launcher))
     else:
         for proc in data.get("processes", []):

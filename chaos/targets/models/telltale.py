@@ -83,6 +83,7 @@ prompts to a multiple of the page size, so that the reply starts a fresh page.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import inspect
 import json
@@ -91,6 +92,8 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any, cast
 
 HIDDEN = 512
 HEAD_DIM = 32  # vLLM's CPU attention supports nothing smaller
@@ -141,9 +144,10 @@ FILLER = tuple("the and for are but not you all can had was one out day get has 
 _MODEL_PY = Path(__file__).resolve().parents[1] / "vllm" / "model.py"
 
 
-def _tiny_model_module():
+def _tiny_model_module() -> ModuleType:
     """chaos/targets/vllm/model.py by path: its package imports pdchaos's deps, which the vLLM venv lacks."""
-    spec = importlib.util.spec_from_file_location("pdchaos_tiny_model", _MODEL_PY)
+    # a .py path always has a spec (None is for a file no loader recognises)
+    spec = cast(importlib.machinery.ModuleSpec, importlib.util.spec_from_file_location("pdchaos_tiny_model", _MODEL_PY))
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
     spec.loader.exec_module(module)
@@ -157,7 +161,7 @@ class Word:
     reply_id: int  # the spaced token " w"
 
 
-def marker_words(tokenizer) -> list[Word]:
+def marker_words(tokenizer: Any) -> list[Word]:
     """The marker words of a tokenizer (a `tokenizers.Tokenizer` or a HF fast tokenizer)."""
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
     vocab = backend.get_vocab()
@@ -168,8 +172,12 @@ def marker_words(tokenizer) -> list[Word]:
     words = []
     for token in sorted(vocab):
         spaced = "\u0120" + token  # byte-level BPE spells a leading space as U+0120
-        if (not re.fullmatch(f"[a-z]{{{MIN_LETTERS},}}", token) or spaced not in vocab
-                or token in excluded or spaced in excluded):
+        if (
+            not re.fullmatch(f"[a-z]{{{MIN_LETTERS},}}", token)
+            or spaced not in vocab
+            or token in excluded
+            or spaced in excluded
+        ):
             continue
         # Both forms must come out of the tokenizer as one token in the contexts prompts use.
         bare_ids = backend.encode(f"x {MARKER_PREFIX}{token} y").ids
@@ -204,7 +212,7 @@ def read_reply(text: str, words: list[str]) -> list[str]:
     return [token for token in text.split() if token in known]
 
 
-def expected_reply(token_ids: list[int], table: dict) -> list[str]:
+def expected_reply(token_ids: list[int], table: dict[str, Any]) -> list[str]:
     """The marker words greedy decoding names for these attended tokens, in order: what the model
     computes, without the model. `table` is telltale.json. For a prompt, this is the clean reply
     (a word piece of ordinary text can be a marker token: tokenize the prompt, do not guess)."""
@@ -229,7 +237,7 @@ def expected_reply(token_ids: list[int], table: dict) -> list[str]:
 # --------------------------------------------------------------------------------------- build
 
 
-def build_weights(words: list[Word], vocab_size: int):
+def build_weights(words: list[Word], vocab_size: int) -> dict[str, Any]:
     """The state dict (fp32) of the construction above."""
     import torch
 
@@ -278,11 +286,22 @@ def build_model(out: Path, words: list[Word], vocab_size: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=1,
-                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                         vocab_size=vocab_size, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6,
-                         tie_word_embeddings=False, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-                         pad_token_id=PAD_ID, torch_dtype="bfloat16")
+    config = LlamaConfig(
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        vocab_size=vocab_size,
+        max_position_embeddings=MAX_POSITIONS,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        torch_dtype="bfloat16",
+    )
     torch.manual_seed(0)  # nothing is random, but the module's init is discarded deterministically
     model = LlamaForCausalLM(config)
     state = {name: tensor.to(torch.bfloat16) for name, tensor in build_weights(words, vocab_size).items()}
@@ -306,23 +325,30 @@ def build(out: Path) -> list[Word]:
     if tokenizer.eos_token_id != EOS_ID:
         raise RuntimeError(f"EOS is token {tokenizer.eos_token_id}, the construction expects {EOS_ID}")
     build_model(out, words, len(tokenizer))
-    (out / "telltale.json").write_text(json.dumps({
-        "format": 1,
-        "words": [w.text for w in words],
-        "prompt_token_ids": [w.prompt_id for w in words],
-        "reply_token_ids": [w.reply_id for w in words],
-        "marker_prefix": MARKER_PREFIX,
-        "suppress": SUPPRESS,
-        "max_positions": MAX_POSITIONS,
-        "eos_token_id": EOS_ID,
-        "dtype": "bfloat16",
-    }, indent=1) + "\n")
+    (out / "telltale.json").write_text(
+        json.dumps(
+            {
+                "format": 1,
+                "words": [w.text for w in words],
+                "prompt_token_ids": [w.prompt_id for w in words],
+                "reply_token_ids": [w.reply_id for w in words],
+                "marker_prefix": MARKER_PREFIX,
+                "suppress": SUPPRESS,
+                "max_positions": MAX_POSITIONS,
+                "eos_token_id": EOS_ID,
+                "dtype": "bfloat16",
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return words
 
 
 def load_words(model_dir: Path | str) -> list[str]:
     """The marker words of a built telltale model, in index order."""
-    return json.loads((Path(model_dir) / "telltale.json").read_text())["words"]
+    words: list[str] = json.loads((Path(model_dir) / "telltale.json").read_text())["words"]
+    return words
 
 
 # --------------------------------------------------------------------------------------- proof
@@ -350,7 +376,7 @@ class Telltale:
         self.plain_ids = [i for i in range(len(self.tokenizer)) if i not in marked]
 
     # KV caches as (keys, values) of layer 0, each [1, KV_HEADS, positions, HEAD_DIM]
-    def prefill(self, ids: list[int]):
+    def prefill(self, ids: list[int]) -> tuple[int, Any]:
         """Run `ids`; return the next greedy token and the KV of `ids`."""
         from transformers import DynamicCache
 
@@ -358,13 +384,13 @@ class Telltale:
             logits, cache = self._forward(ids, DynamicCache())
         return int(logits.argmax()), _layer0(cache)
 
-    def _forward(self, ids: list[int], cache):
+    def _forward(self, ids: list[int], cache: Any) -> tuple[Any, Any]:
         """One forward pass; the cache argument is `cache` from transformers 5.2x, `past_key_values` before."""
         out = self.model(input_ids=self.torch.tensor([ids]), use_cache=True, **{self._cache_arg: cache})
         cache = getattr(out, "cache", None)
         return out.logits[0, -1], out.past_key_values if cache is None else cache
 
-    def decode(self, kv, token: int, max_new: int = 8) -> list[int]:
+    def decode(self, kv: Any, token: int, max_new: int = 8) -> list[int]:
         """Greedy from `token` on, attending `kv` (possibly tampered with); stops after EOS."""
         from transformers import DynamicCache
 
@@ -386,7 +412,8 @@ class Telltale:
         return [self.by_reply_id[t] for t in emitted if t in self.by_reply_id]
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids
 
     def marked_ids(self, word: str, length: int, rng: random.Random, page: int = 16) -> list[int]:
         """`length` random non-marker tokens with the bare token `word` once in every `page`."""
@@ -396,7 +423,7 @@ class Telltale:
         return ids
 
 
-def _layer0(cache):
+def _layer0(cache: Any) -> Any:
     if hasattr(cache, "layers"):  # transformers >= 4.56
         return cache.layers[0].keys, cache.layers[0].values
     if hasattr(cache, "key_cache"):
@@ -404,33 +431,39 @@ def _layer0(cache):
     return cache[0]  # legacy tuple
 
 
-def _splice(kv, start: int, donor, donor_start: int, length: int):
+def _splice(kv: Any, start: int, donor: Any, donor_start: int, length: int) -> tuple[Any, Any]:
     keys, values = kv[0].clone(), kv[1].clone()
-    keys[:, :, start:start + length] = donor[0][:, :, donor_start:donor_start + length]
-    values[:, :, start:start + length] = donor[1][:, :, donor_start:donor_start + length]
+    keys[:, :, start : start + length] = donor[0][:, :, donor_start : donor_start + length]
+    values[:, :, start : start + length] = donor[1][:, :, donor_start : donor_start + length]
     return keys, values
 
 
-def prove(model_dir: Path | str, pairs: int = 50, seed: int = 0, dtype: str = "bfloat16", page: int = 16) -> dict:
+def prove(
+    model_dir: Path | str, pairs: int = 50, seed: int = 0, dtype: str = "bfloat16", page: int = 16
+) -> dict[str, Any]:
     """The figures: clean replies, text and chat prompts, page leaks, and how much foreign KV it takes."""
     import statistics
 
     tt = Telltale(model_dir, dtype)
     rng = random.Random(seed)
-    fig: dict = {"dtype": dtype, "pairs": pairs, "page": page, "words": len(tt.words)}
+    fig: dict[str, Any] = {"dtype": dtype, "pairs": pairs, "page": page, "words": len(tt.words)}
 
     # (a) text prompts, plain and (c) under the chat template, several marker densities
     text_ok = chat_ok = 0
-    for i in range(pairs):
+    for _ in range(pairs):
         word = rng.choice(tt.words)
         filler = [rng.choice(FILLER) for _ in range(rng.randrange(8, 400))]
         body = telltale_text(word, filler, page=rng.choice([page, 64, 10_000]))
         if tt.reply_words(tt.generate(tt.encode(body))) == [word]:
             text_ok += 1
         chat = tt.tokenizer.apply_chat_template(
-            [{"role": "system", "content": "You are the support assistant of the infrastructure team."},
-             {"role": "user", "content": "Please repeat this note exactly." + body}],
-            add_generation_prompt=True, tokenize=False)
+            [
+                {"role": "system", "content": "You are the support assistant of the infrastructure team."},
+                {"role": "user", "content": "Please repeat this note exactly." + body},
+            ],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
         if tt.reply_words(tt.generate(tt.encode(chat))) == [word]:
             chat_ok += 1
     fig["text_prompt_names_own_word_only"] = text_ok
@@ -462,7 +495,7 @@ def prove(model_dir: Path | str, pairs: int = 50, seed: int = 0, dtype: str = "b
         page_exact += words == [own, victim] or words == [victim, own]
         false_words += sum(w not in (own, victim) for w in words)
         # decode attends the victim's whole KV after its own (a wrong page table)
-        joined = tuple(tt.torch.cat([x, y], dim=2) for x, y in zip(kv_a, kv_b))
+        joined = tuple(tt.torch.cat([x, y], dim=2) for x, y in zip(kv_a, kv_b, strict=True))
         concat_named += victim in tt.reply_words(tt.decode(joined, first_a))
         # foreign positions replacing the head of the prompt (prefill of the last token attends
         # them): the reply should name the victim from the first one holding its marker on, and
@@ -473,7 +506,8 @@ def prove(model_dir: Path | str, pairs: int = 50, seed: int = 0, dtype: str = "b
         length = len(a) - 1
 
         def reply_after(n: int) -> list[str]:
-            return tt.reply_words(tt.decode(_splice(kv_head, 0, kv_b, 0, n), a[-1], max_new=6)[1:])
+            # B023: called only within this iteration, so the loop variables it reads are the current ones
+            return tt.reply_words(tt.decode(_splice(kv_head, 0, kv_b, 0, n), a[-1], max_new=6)[1:])  # noqa: B023
 
         first_marker = b.index(tt.prompt_id[victim]) + 1
         one_position_names += victim in reply_after(first_marker) and victim not in reply_after(first_marker - 1)
@@ -484,9 +518,15 @@ def prove(model_dir: Path | str, pairs: int = 50, seed: int = 0, dtype: str = "b
                 lo, hi = (lo, mid) if reply_after(mid)[:1] == [victim] else (mid, hi)
             flip_first.append(hi / len(a))
             own_id, victim_id = tt.prompt_id[own], tt.prompt_id[victim]
-            predicted = next((n for n in range(1, length + 1)
-                              if (b[:n].count(victim_id), -tt.by_reply_id_rev[victim])
-                              > (a[n:].count(own_id), -tt.by_reply_id_rev[own])), None)
+            predicted = next(
+                (
+                    n
+                    for n in range(1, length + 1)
+                    if (b[:n].count(victim_id), -tt.by_reply_id_rev[victim])
+                    > (a[n:].count(own_id), -tt.by_reply_id_rev[own])
+                ),
+                None,
+            )
             flip_matches_counts += predicted == hi
     fig["clean_reply_is_own_word_only"] = clean
     fig["one_leaked_page_names_victim"] = page_named
@@ -495,8 +535,10 @@ def prove(model_dir: Path | str, pairs: int = 50, seed: int = 0, dtype: str = "b
     fig["victim_kv_appended_names_victim"] = concat_named
     fig["one_foreign_marker_position_names_victim"] = one_position_names
     fig["first_token_becomes_victim"] = {
-        "found": len(flip_first), "matches_count_rule": flip_matches_counts,
-        "median_fraction_of_prompt_replaced": round(statistics.median(flip_first), 3) if flip_first else None}
+        "found": len(flip_first),
+        "matches_count_rule": flip_matches_counts,
+        "median_fraction_of_prompt_replaced": round(statistics.median(flip_first), 3) if flip_first else None,
+    }
     return fig
 
 

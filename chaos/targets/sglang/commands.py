@@ -17,25 +17,37 @@ HEARTBEAT_MAX_FAILURE_ENV = "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"
 
 
 def _number(value: float) -> str:
-    """"30", not "30.0": some of SGLang's environment variables are read as integers."""
+    """ "30", not "30.0": some of SGLang's environment variables are read as integers."""
     return str(int(value)) if float(value).is_integer() else str(value)
 
 
 def server_command(s: WorkerSettings) -> list[str]:
     """`python -m sglang.launch_server ...` for one role of the PD pair."""
     argv = [
-        s.python, "-m", "sglang.launch_server",
-        "--model-path", s.model_path,
-        "--disaggregation-mode", s.role,
-        "--host", s.host, "--port", str(s.port),
-        "--tp-size", str(s.tp_size),
+        s.python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        s.model_path,
+        "--disaggregation-mode",
+        s.role,
+        "--host",
+        s.host,
+        "--port",
+        str(s.port),
+        "--tp-size",
+        str(s.tp_size),
         # GPUs are chosen by CUDA_VISIBLE_DEVICES (server_env), so rank 0 is the first visible one.
-        "--base-gpu-id", "0",
+        "--base-gpu-id",
+        "0",
         # Two servers on one node must not race for NCCL's default port.
-        "--nccl-port", str(s.nccl_port),
-        "--disaggregation-transfer-backend", s.transfer_backend,
+        "--nccl-port",
+        str(s.nccl_port),
+        "--disaggregation-transfer-backend",
+        s.transfer_backend,
         # Both sides: prefill hosts the bootstrap server there, decode falls back to it.
-        "--disaggregation-bootstrap-port", str(s.bootstrap_port),
+        "--disaggregation-bootstrap-port",
+        str(s.bootstrap_port),
     ]
     optional: list[tuple[str, object]] = [
         ("--served-model-name", s.served_model_name),
@@ -92,8 +104,12 @@ def server_env(s: WorkerSettings) -> dict[str, str]:
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in s.gpu_ids),
         }
-    timeouts = ((BOOTSTRAP_TIMEOUT_ENV, s.bootstrap_timeout_s), (WAITING_TIMEOUT_ENV, s.waiting_timeout_s),
-                (HEARTBEAT_INTERVAL_ENV, s.heartbeat_interval_s), (HEARTBEAT_MAX_FAILURE_ENV, s.heartbeat_max_failure))
+    timeouts = (
+        (BOOTSTRAP_TIMEOUT_ENV, s.bootstrap_timeout_s),
+        (WAITING_TIMEOUT_ENV, s.waiting_timeout_s),
+        (HEARTBEAT_INTERVAL_ENV, s.heartbeat_interval_s),
+        (HEARTBEAT_MAX_FAILURE_ENV, s.heartbeat_max_failure),
+    )
     env.update({name: _number(value) for name, value in timeouts if value is not None})
     env.update(s.env)  # the campaign's env wins: it is the most specific thing anyone wrote
     return env
@@ -101,16 +117,31 @@ def server_env(s: WorkerSettings) -> dict[str, str]:
 
 def router_options(spec: SGLangRouterSpec) -> RouterOptions:
     return RouterOptions(
-        retries=spec.retries, circuit_breaker=spec.circuit_breaker, policy=spec.policy,
-        health_check_interval_s=spec.health_check_interval_s, health_failure_threshold=spec.health_failure_threshold,
+        retries=spec.retries,
+        circuit_breaker=spec.circuit_breaker,
+        policy=spec.policy,
+        health_check_interval_s=spec.health_check_interval_s,
+        health_failure_threshold=spec.health_failure_threshold,
         health_check_timeout_s=spec.health_check_timeout_s,
-        request_timeout_s=spec.request_timeout_s, max_retries=spec.max_retries, cb_failure_threshold=spec.cb_failure_threshold,
-        extra_args=tuple(spec.extra_args), front=spec.front,
+        request_timeout_s=spec.request_timeout_s,
+        max_retries=spec.max_retries,
+        cb_failure_threshold=spec.cb_failure_threshold,
+        extra_args=tuple(spec.extra_args),
+        front=spec.front,
     )
 
 
-def sglang_router_command(spec: SGLangRouterSpec, python: str, host: str, ports: Ports, prefill: WorkerSettings,
-                          decode: WorkerSettings) -> list[str]:
+def sglang_router_command(
+    spec: SGLangRouterSpec, python: str, host: str, ports: Ports, prefill: WorkerSettings, decode: WorkerSettings
+) -> list[str]:
     """The router in front of this pair; it tells decode prefill's bootstrap port in every request."""
-    return router_command(router_options(spec), ports.router, ports.router_metrics, prefill.url, ports.bootstrap,
-                          decode.url, host=host, python=python)
+    return router_command(
+        router_options(spec),
+        ports.router,
+        ports.router_metrics,
+        prefill.url,
+        ports.bootstrap,
+        decode.url,
+        host=host,
+        python=python,
+    )

@@ -12,16 +12,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httpx
 
-from chaos.facts import iter_log_records, parse_log, parse_prometheus_text, to_int
+from chaos.facts.log_records import iter_log_records
+from chaos.facts.log_starts import parse_log
+from chaos.facts.prometheus import parse_prometheus_text
+from chaos.facts.values import to_int
 from chaos.gpu import GpuInventory, PoolCheck, compare_pool
 from chaos.targets.dialect import get_json
-
-if TYPE_CHECKING:
-    from chaos.targets.sglang.stack import SGLangStack
+from chaos.targets.launcher import Launcher, ProcessHandle
+from chaos.targets.sglang.settings import WorkerSettings
 
 WEIGHTS_METRIC = "sglang:weight_memory_usage_gb"
 KV_METRIC = "sglang:kv_cache_memory_usage_gb"
@@ -39,9 +41,11 @@ class EngineMemory:
 
     def over(self, other: EngineMemory) -> EngineMemory:
         """These readings, with `other`'s where these have none."""
-        return EngineMemory(self.weights_gib if self.weights_gib is not None else other.weights_gib,
-                            self.kv_gib if self.kv_gib is not None else other.kv_gib,
-                            self.pool_tokens if self.pool_tokens is not None else other.pool_tokens)
+        return EngineMemory(
+            self.weights_gib if self.weights_gib is not None else other.weights_gib,
+            self.kv_gib if self.kv_gib is not None else other.kv_gib,
+            self.pool_tokens if self.pool_tokens is not None else other.pool_tokens,
+        )
 
 
 def memory_from_metrics(text: str) -> EngineMemory:
@@ -50,8 +54,9 @@ def memory_from_metrics(text: str) -> EngineMemory:
         if sample.name in values and sample.value == sample.value:  # NaN is no reading
             values[sample.name].append(sample.value)
     pools = [p for p in (to_int(v) for v in values[POOL_METRIC]) if p is not None]
-    return EngineMemory(max(values[WEIGHTS_METRIC], default=None), min(values[KV_METRIC], default=None),
-                        min(pools, default=None))
+    return EngineMemory(
+        max(values[WEIGHTS_METRIC], default=None), min(values[KV_METRIC], default=None), min(pools, default=None)
+    )
 
 
 def memory_from_log(lines: Iterable[str]) -> EngineMemory:
@@ -64,16 +69,37 @@ def memory_from_log(lines: Iterable[str]) -> EngineMemory:
     kv: list[float] = []
     for rank in last.ranks.values():
         for alloc in rank.kv_allocs[-1:]:
-            size = alloc.kv_size_gb if alloc.kv_size_gb is not None else (
-                alloc.k_size_gb + alloc.v_size_gb if alloc.k_size_gb is not None and alloc.v_size_gb is not None else None)
+            size = (
+                alloc.kv_size_gb
+                if alloc.kv_size_gb is not None
+                else (
+                    alloc.k_size_gb + alloc.v_size_gb
+                    if alloc.k_size_gb is not None and alloc.v_size_gb is not None
+                    else None
+                )
+            )
             if size is not None:
                 kv.append(size)
-    weights = [float(m.group(1)) for record in iter_log_records(lines[max(0, last.first_lineno - 1):])
-               if (m := _WEIGHTS_LINE.search(record.message))]
+    weights = [
+        float(m.group(1))
+        for record in iter_log_records(lines[max(0, last.first_lineno - 1) :])
+        if (m := _WEIGHTS_LINE.search(record.message))
+    ]
     return EngineMemory(max(weights, default=None), min(kv, default=None), last.pool_tokens)
 
 
-def pool_checks(stack: SGLangStack, inventory: GpuInventory | None = None) -> list[PoolCheck]:
+class LaunchedServers(Protocol):
+    """What the pool check reads of a launched SGLang deployment (chaos/targets/sglang/stack.py)."""
+
+    settings: dict[str, WorkerSettings]  # role -> the settings its server was started with
+    launcher: Launcher
+
+    def processes(self, role: str) -> list[ProcessHandle]: ...
+
+    def logs(self, role: str) -> str: ...
+
+
+def pool_checks(stack: LaunchedServers, inventory: GpuInventory | None = None) -> list[PoolCheck]:
     """Each role's pool against what its memory fraction gives on its GPUs, as NVML sees them on the
     role's own node (the launcher asks there); `inventory` overrides that for every role."""
     checks = []
@@ -93,6 +119,15 @@ def pool_checks(stack: SGLangStack, inventory: GpuInventory | None = None) -> li
         fraction = info.get("mem_fraction_static") if isinstance(info, dict) else None
         fraction = fraction if isinstance(fraction, float) else settings.mem_fraction_static
         own = {pid for proc in procs for pid in proc.group_states()}  # the role's whole process group
-        checks.append(compare_pool(role, seen.by_index(settings.gpu_ids), fraction, memory.weights_gib, memory.kv_gib,
-                                   memory.pool_tokens, own))
+        checks.append(
+            compare_pool(
+                role,
+                seen.by_index(settings.gpu_ids),
+                fraction,
+                memory.weights_gib,
+                memory.kv_gib,
+                memory.pool_tokens,
+                own,
+            )
+        )
     return checks

@@ -23,8 +23,9 @@ def answered_200(response: httpx.Response) -> bool:
     return response.status_code == 200
 
 
-def await_health(url: str, timeout_s: float, process: ProcessHandle,
-                 ready: Callable[[httpx.Response], bool] = answered_200) -> None:
+def await_health(
+    url: str, timeout_s: float, process: ProcessHandle, ready: Callable[[httpx.Response], bool] = answered_200
+) -> None:
     """Return once `url`'s answer is `ready` (by default: 200); RuntimeError with its log tail if
     `process` exits first, PortTaken if its log says it could not bind (checked first: another
     process may answer)."""
@@ -38,8 +39,10 @@ def await_health(url: str, timeout_s: float, process: ProcessHandle,
             if says_port_taken(tail):
                 raise PortTaken(f"{process.name} could not bind its port; its log ends:\n{tail[-1500:]}")
             if not process.alive():
-                raise RuntimeError(f"{process.name} exited with code {process.returncode} before {url} answered; "
-                                   f"its log ends:\n{process.read_log()[-3000:]}")
+                raise RuntimeError(
+                    f"{process.name} exited with code {process.returncode} before {url} answered; "
+                    f"its log ends:\n{process.read_log()[-3000:]}"
+                )
             try:
                 response = client.get(url, timeout=min(REQUEST_TIMEOUT_S, max(1.0, deadline - time.monotonic())))
                 if ready(response):
@@ -51,8 +54,10 @@ def await_health(url: str, timeout_s: float, process: ProcessHandle,
                 last = type(exc).__name__
             if time.monotonic() >= deadline:
                 wanted = "200" if ready is answered_200 else "ready"
-                raise TimeoutError(f"{url} did not answer {wanted} within {timeout_s:.0f}s (last: {last}); "
-                                   f"{process.name}'s log ends:\n{process.read_log()[-2000:]}")
+                raise TimeoutError(
+                    f"{url} did not answer {wanted} within {timeout_s:.0f}s (last: {last}); "
+                    f"{process.name}'s log ends:\n{process.read_log()[-2000:]}"
+                )
             time.sleep(INTERVAL_S)
 
 
@@ -68,8 +73,11 @@ def workers_ready(answer: object, roles: tuple[str, ...] = ("prefill", "decode")
     workers = answer.get("workers") if isinstance(answer, dict) else None
     if not isinstance(workers, list):
         return False
-    healthy = {w.get("worker_type") for w in workers
-               if isinstance(w, dict) and w.get("is_healthy") is True and w.get("status", "ready") == "ready"}
+    healthy = {
+        w.get("worker_type")
+        for w in workers
+        if isinstance(w, dict) and w.get("is_healthy") is True and w.get("status", "ready") == "ready"
+    }
     return all(role in healthy for role in roles)
 
 
@@ -82,5 +90,6 @@ def _smg_ready(response: httpx.Response) -> bool:
 
 def await_router(router_url: str, front: str, timeout_s: float, process: ProcessHandle) -> None:
     """Return once the router serves both roles (see `router_ready_url`)."""
-    await_health(router_ready_url(router_url, front), timeout_s, process,
-                 ready=_smg_ready if front == "smg" else answered_200)
+    await_health(
+        router_ready_url(router_url, front), timeout_s, process, ready=_smg_ready if front == "smg" else answered_200
+    )

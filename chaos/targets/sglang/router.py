@@ -20,11 +20,21 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 RouterFront = Literal["sglang-router", "smg"]
-FRONT_MODULES: dict[str, tuple[str, ...]] = {"sglang-router": ("-m", "sglang_router.launch_router"),
-                                             "smg": ("-m", "smg", "launch")}
+FRONT_MODULES: dict[str, tuple[str, ...]] = {
+    "sglang-router": ("-m", "sglang_router.launch_router"),
+    "smg": ("-m", "smg", "launch"),
+}
 
-ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "bucket", "manual",
-                   "consistent_hashing", "prefix_hash")
+ROUTER_POLICIES = (
+    "random",
+    "round_robin",
+    "cache_aware",
+    "power_of_two",
+    "bucket",
+    "manual",
+    "consistent_hashing",
+    "prefix_hash",
+)
 
 
 @dataclass(frozen=True)
@@ -42,22 +52,47 @@ class RouterOptions:
     front: RouterFront = "sglang-router"
 
 
-def router_command(options: RouterOptions, port: int, metrics_port: int, prefill_url: str, bootstrap_port: int | None,
-                   decode_url: str, host: str = "127.0.0.1", python: str | None = None) -> list[str]:
+def router_command(
+    options: RouterOptions,
+    port: int,
+    metrics_port: int,
+    prefill_url: str,
+    bootstrap_port: int | None,
+    decode_url: str,
+    host: str = "127.0.0.1",
+    python: str | None = None,
+) -> list[str]:
     """argv of the router; `bootstrap_port` None lets prefill's own --disaggregation-bootstrap-port apply."""
     argv = [
-        python or sys.executable, *FRONT_MODULES[options.front],
-        "--host", host, "--port", str(port), "--pd-disaggregation",
-        "--prefill", prefill_url, *([str(bootstrap_port)] if bootstrap_port is not None else []),
-        "--decode", decode_url,
-        "--policy", options.policy,
+        python or sys.executable,
+        *FRONT_MODULES[options.front],
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--pd-disaggregation",
+        "--prefill",
+        prefill_url,
+        *([str(bootstrap_port)] if bootstrap_port is not None else []),
+        "--decode",
+        decode_url,
+        "--policy",
+        options.policy,
         # Its Prometheus port defaults to 29000 whatever --port says: always set it.
-        "--prometheus-host", host, "--prometheus-port", str(metrics_port),
-        "--worker-startup-check-interval", "1",
-        "--health-check-interval-secs", str(options.health_check_interval_s),
-        "--health-failure-threshold", str(options.health_failure_threshold),
-        "--health-success-threshold", "1",
-        "--request-timeout-secs", str(options.request_timeout_s),
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(metrics_port),
+        "--worker-startup-check-interval",
+        "1",
+        "--health-check-interval-secs",
+        str(options.health_check_interval_s),
+        "--health-failure-threshold",
+        str(options.health_failure_threshold),
+        "--health-success-threshold",
+        "1",
+        "--request-timeout-secs",
+        str(options.request_timeout_s),
     ]
     if options.health_check_timeout_s is not None:
         argv += ["--health-check-timeout-secs", str(options.health_check_timeout_s)]

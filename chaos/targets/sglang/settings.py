@@ -81,6 +81,8 @@ def cpu_venv(spec: SGLangSpec) -> Path:
     """The CPU tier's venv (`make sglang-env`), absolute."""
     venv = Path(spec.venv)
     return venv if venv.is_absolute() else REPO / venv
+
+
 RESTARTABLE = frozenset(f.name for f in dataclasses.fields(WorkerSettings)) - FIXED_ON_RESTART
 
 
@@ -98,19 +100,39 @@ def worker_settings(spec: SGLangSpec, role: str, host: str, ports: Ports) -> Wor
         model_path = model_path or str(venv / "models" / "tiny-llama")
         native_libs = str(venv / "native" / "lib")
     return WorkerSettings(
-        role=role, python=python, model_path=model_path, host=host, device=spec.device, native_libs=native_libs,
-        port=ports.prefill if role == "prefill" else ports.decode, bootstrap_port=ports.bootstrap,
+        role=role,
+        python=python,
+        model_path=model_path,
+        host=host,
+        device=spec.device,
+        native_libs=native_libs,
+        port=ports.prefill if role == "prefill" else ports.decode,
+        bootstrap_port=ports.bootstrap,
         nccl_port=ports.prefill_nccl if role == "prefill" else ports.decode_nccl,
-        gpu_ids=tuple(spec.gpu_ids_of(role)), tp_size=spec.tp_of(role), served_model_name=spec.served_model_name,
-        mem_fraction_static=pick("mem_fraction_static"), context_length=pick("context_length"),
-        max_total_tokens=pick("max_total_tokens"), page_size=spec.page_size, transfer_backend=spec.transfer_backend,
-        ib_device=spec.ib_device, deterministic=spec.deterministic, random_seed=spec.random_seed, kv_canary=spec.kv_canary,
-        kv_canary_real_data=spec.kv_canary_real_data, kv_canary_sweep_interval=spec.kv_canary_sweep_interval,
-        kv_checksum=spec.kv_checksum, enable_metrics=spec.enable_metrics, cache_report=spec.cache_report,
+        gpu_ids=tuple(spec.gpu_ids_of(role)),
+        tp_size=spec.tp_of(role),
+        served_model_name=spec.served_model_name,
+        mem_fraction_static=pick("mem_fraction_static"),
+        context_length=pick("context_length"),
+        max_total_tokens=pick("max_total_tokens"),
+        page_size=spec.page_size,
+        transfer_backend=spec.transfer_backend,
+        ib_device=spec.ib_device,
+        deterministic=spec.deterministic,
+        random_seed=spec.random_seed,
+        kv_canary=spec.kv_canary,
+        kv_canary_real_data=spec.kv_canary_real_data,
+        kv_canary_sweep_interval=spec.kv_canary_sweep_interval,
+        kv_checksum=spec.kv_checksum,
+        enable_metrics=spec.enable_metrics,
+        cache_report=spec.cache_report,
         trust_remote_code=spec.trust_remote_code,
-        bootstrap_timeout_s=spec.bootstrap_timeout_s, waiting_timeout_s=spec.waiting_timeout_s,
-        heartbeat_interval_s=spec.heartbeat_interval_s, heartbeat_max_failure=spec.heartbeat_max_failure,
-        env={**spec.env, **r.env}, extra_args=(*spec.extra_args, *r.extra_args),
+        bootstrap_timeout_s=spec.bootstrap_timeout_s,
+        waiting_timeout_s=spec.waiting_timeout_s,
+        heartbeat_interval_s=spec.heartbeat_interval_s,
+        heartbeat_max_failure=spec.heartbeat_max_failure,
+        env={**spec.env, **r.env},
+        extra_args=(*spec.extra_args, *r.extra_args),
     )
 
 
@@ -119,9 +141,12 @@ def with_overrides(settings: WorkerSettings, env: dict[str, str] | None, overrid
     fixed = sorted(set(overrides) & FIXED_ON_RESTART)
     unknown = sorted(set(overrides) - RESTARTABLE - FIXED_ON_RESTART)
     if fixed or unknown:
-        problems = ([f"{', '.join(fixed)} cannot change on restart"] if fixed else []) + \
-                   ([f"unknown setting(s) {', '.join(unknown)}"] if unknown else [])
-        raise TargetError(f"restart {settings.role}: {'; '.join(problems)}; restartable: {', '.join(sorted(RESTARTABLE))}")
+        problems = ([f"{', '.join(fixed)} cannot change on restart"] if fixed else []) + (
+            [f"unknown setting(s) {', '.join(unknown)}"] if unknown else []
+        )
+        raise TargetError(
+            f"restart {settings.role}: {'; '.join(problems)}; restartable: {', '.join(sorted(RESTARTABLE))}"
+        )
     values = dict(overrides)
     for name in ("gpu_ids", "extra_args"):  # lists from a journaled undo plan
         if isinstance(values.get(name), list):

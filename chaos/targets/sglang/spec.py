@@ -23,26 +23,65 @@ Device = Literal["cuda", "cpu"]
 CPU_VENV = ".venv-sglang"
 CPU_MAX_TOTAL_TOKENS = 8192
 CPU_MEM_FRACTION = 0.05
-Policy = Literal["random", "round_robin", "cache_aware", "power_of_two", "bucket", "manual", "consistent_hashing", "prefix_hash"]
+Policy = Literal[
+    "random", "round_robin", "cache_aware", "power_of_two", "bucket", "manual", "consistent_hashing", "prefix_hash"
+]
 assert set(Policy.__args__) == set(ROUTER_POLICIES)  # type: ignore[attr-defined]
 
 # Flags pdchaos sets itself from typed fields; repeating one in extra_args would make two values race.
-MANAGED_SERVER_FLAGS = frozenset({
-    "--model-path", "--served-model-name", "--host", "--port", "--tp-size", "--tp", "--base-gpu-id",
-    "--mem-fraction-static", "--context-length", "--max-total-tokens", "--page-size", "--nccl-port",
-    "--disaggregation-mode", "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port",
-    "--disaggregation-ib-device", "--enable-deterministic-inference", "--random-seed", "--kv-canary",
-    "--kv-canary-real-data", "--kv-canary-sweep-interval", "--disaggregation-enable-kv-checksum",
-    "--enable-metrics", "--trust-remote-code", "--device", "--disaggregation-decode-retraction-backup",
-    "--enable-cache-report",
-})
-MANAGED_ROUTER_FLAGS = frozenset({
-    "--host", "--port", "--pd-disaggregation", "--prefill", "--decode", "--policy", "--prometheus-host",
-    "--prometheus-port", "--disable-retries", "--disable-circuit-breaker", "--retry-max-retries",
-    "--cb-failure-threshold", "--health-check-interval-secs", "--health-failure-threshold", "--request-timeout-secs",
-    "--health-check-timeout-secs",
-})
+MANAGED_SERVER_FLAGS = frozenset(
+    {
+        "--model-path",
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--tp-size",
+        "--tp",
+        "--base-gpu-id",
+        "--mem-fraction-static",
+        "--context-length",
+        "--max-total-tokens",
+        "--page-size",
+        "--nccl-port",
+        "--disaggregation-mode",
+        "--disaggregation-transfer-backend",
+        "--disaggregation-bootstrap-port",
+        "--disaggregation-ib-device",
+        "--enable-deterministic-inference",
+        "--random-seed",
+        "--kv-canary",
+        "--kv-canary-real-data",
+        "--kv-canary-sweep-interval",
+        "--disaggregation-enable-kv-checksum",
+        "--enable-metrics",
+        "--trust-remote-code",
+        "--device",
+        "--disaggregation-decode-retraction-backup",
+        "--enable-cache-report",
+    }
+)
+MANAGED_ROUTER_FLAGS = frozenset(
+    {
+        "--host",
+        "--port",
+        "--pd-disaggregation",
+        "--prefill",
+        "--decode",
+        "--policy",
+        "--prometheus-host",
+        "--prometheus-port",
+        "--disable-retries",
+        "--disable-circuit-breaker",
+        "--retry-max-retries",
+        "--cb-failure-threshold",
+        "--health-check-interval-secs",
+        "--health-failure-threshold",
+        "--request-timeout-secs",
+        "--health-check-timeout-secs",
+    }
+)
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]"})
+SGLANG_DEFAULT_TIMEOUT_S = 300.0  # SGLANG_DISAGGREGATION_{BOOTSTRAP,WAITING}_TIMEOUT when unset
 
 
 def _managed_in(args: list[str], managed: frozenset[str]) -> list[str]:
@@ -52,7 +91,9 @@ def _managed_in(args: list[str], managed: frozenset[str]) -> list[str]:
 def _check_extra_args(args: list[str], managed: frozenset[str], where: str) -> None:
     found = _managed_in(args, managed)
     if found:
-        raise ValueError(f"{where}extra_args sets {', '.join(found)}, which pdchaos sets from its own fields; use those")
+        raise ValueError(
+            f"{where}extra_args sets {', '.join(found)}, which pdchaos sets from its own fields; use those"
+        )
 
 
 def _check_host(host: str | None, where: str) -> None:
@@ -65,16 +106,25 @@ def _check_host(host: str | None, where: str) -> None:
 class RoleSpec(Strict):
     """Overrides for one role; anything left out comes from the shared settings."""
 
-    gpu_ids: list[int] | None = Field(None, description="GPUs of this role (CUDA_VISIBLE_DEVICES, in PCI bus order as NVML and "
-                                                        "nvidia-smi number them), one per TP rank. Default: prefill 0..tp-1, "
-                                                        "decode after prefill's (one node)")
+    gpu_ids: list[int] | None = Field(
+        None,
+        description="GPUs of this role (CUDA_VISIBLE_DEVICES, in PCI bus order as NVML and "
+        "nvidia-smi number them), one per TP rank. Default: prefill 0..tp-1, "
+        "decode after prefill's (one node)",
+    )
     tp_size: int | None = Field(None, ge=1, description="--tp-size of this role")
     mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="--mem-fraction-static of this role")
     context_length: int | None = Field(None, ge=1, description="--context-length of this role")
-    max_total_tokens: int | None = Field(None, ge=1, description="--max-total-tokens of this role (pool size, overrides the fraction)")
-    host: str | None = Field(None, description="address it binds and is reached at (default: the launcher's for the role's node)")
+    max_total_tokens: int | None = Field(
+        None, ge=1, description="--max-total-tokens of this role (pool size, overrides the fraction)"
+    )
+    host: str | None = Field(
+        None, description="address it binds and is reached at (default: the launcher's for the role's node)"
+    )
     port: int | None = Field(None, ge=1, le=65535, description="HTTP port (default: a free port)")
-    nccl_port: int | None = Field(None, ge=1, le=65535, description="--nccl-port (default: a free port; distinct per server on one node)")
+    nccl_port: int | None = Field(
+        None, ge=1, le=65535, description="--nccl-port (default: a free port; distinct per server on one node)"
+    )
     env: dict[str, str] = Field(default_factory=dict, description="environment of this role only, over the shared env")
     extra_args: list[str] = Field(default_factory=list, description="more launch_server flags for this role only")
 
@@ -91,28 +141,48 @@ class SGLangRouterSpec(Strict):
     """The SGLang router in front (python -m sglang_router.launch_router --pd-disaggregation), or smg."""
 
     front: Literal["sglang-router", "smg"] = Field(
-        "sglang-router", description="which router: sglang-router (python -m sglang_router.launch_router) or smg, the "
+        "sglang-router",
+        description="which router: sglang-router (python -m sglang_router.launch_router) or smg, the "
         "Shepherd Model Gateway that succeeds it (python -m smg launch), with the same flags. When prefill rejects a prompt "
         "decode admitted, smg 1.13 answers prefill's 400 at once and decode aborts the request (not when streamed: then "
         "200 and an abort when decode's KV wait runs out); sglang-router 0.3.2 waits out decode's KV waiting timeout and "
-        "answers 500")
+        "answers 500",
+    )
 
-    host: str | None = Field(None, description="address it binds and is reached at (default: the launcher's for the router)")
+    host: str | None = Field(
+        None, description="address it binds and is reached at (default: the launcher's for the router)"
+    )
     port: int | None = Field(None, ge=1, le=65535, description="HTTP port (default: a free port)")
-    metrics_port: int | None = Field(None, ge=1, le=65535, description="--prometheus-port (default: a free port, not 29000)")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="--prometheus-port (default: a free port, not 29000)"
+    )
     policy: Policy = Field("round_robin", description="--policy for both roles")
-    retries: bool = Field(False, description="keep the router's 5xx retries: each retry takes a new pair and room, which hides "
-                                             "transfer faults (off: --disable-retries)")
-    max_retries: int | None = Field(None, ge=0, description="--retry-max-retries when retries are on (router default 5)")
-    circuit_breaker: bool = Field(False, description="keep the circuit breaker: it turns repeated failures into 503s for 60 s "
-                                                     "while /workers says healthy (off: --disable-circuit-breaker)")
-    cb_failure_threshold: int | None = Field(None, ge=1, description="--cb-failure-threshold when the breaker is on (default 10)")
+    retries: bool = Field(
+        False,
+        description="keep the router's 5xx retries: each retry takes a new pair and room, which hides "
+        "transfer faults (off: --disable-retries)",
+    )
+    max_retries: int | None = Field(
+        None, ge=0, description="--retry-max-retries when retries are on (router default 5)"
+    )
+    circuit_breaker: bool = Field(
+        False,
+        description="keep the circuit breaker: it turns repeated failures into 503s for 60 s "
+        "while /workers says healthy (off: --disable-circuit-breaker)",
+    )
+    cb_failure_threshold: int | None = Field(
+        None, ge=1, description="--cb-failure-threshold when the breaker is on (default 10)"
+    )
     health_check_interval_s: int = Field(5, ge=1, description="--health-check-interval-secs (router default 60)")
     health_failure_threshold: int = Field(2, ge=1, description="--health-failure-threshold")
-    health_check_timeout_s: int | None = Field(None, ge=1, description="--health-check-timeout-secs (router default 5 s). "
-                                                                       "SGLang's /health runs a 1-token generate that may "
-                                                                       "take up to 20 s on a busy server: a busy CPU worker "
-                                                                       "answers later than 5 s and is marked unhealthy")
+    health_check_timeout_s: int | None = Field(
+        None,
+        ge=1,
+        description="--health-check-timeout-secs (router default 5 s). "
+        "SGLang's /health runs a 1-token generate that may "
+        "take up to 20 s on a busy server: a busy CPU worker "
+        "answers later than 5 s and is marked unhealthy",
+    )
     request_timeout_s: int = Field(1800, ge=1, description="--request-timeout-secs")
     env: dict[str, str] = Field(default_factory=dict, description="environment of the router")
     extra_args: list[str] = Field(default_factory=list, description="more launch_router flags")
@@ -131,59 +201,122 @@ class SGLangRouterSpec(Strict):
 class SGLangSpec(Strict):
     """A real SGLang PD deployment launched by pdchaos: prefill, decode (Mooncake or NIXL between them), the router."""
 
-    model_path: str = Field("", description="--model-path of both servers (a local directory or a hub id); with device "
-                                           "cpu it defaults to the tiny model `make sglang-env` builds in the venv")
+    model_path: str = Field(
+        "",
+        description="--model-path of both servers (a local directory or a hub id); with device "
+        "cpu it defaults to the tiny model `make sglang-env` builds in the venv",
+    )
     served_model_name: str | None = Field(None, description="--served-model-name (default: the model path)")
-    python: str | None = Field(None, description="Python that has sglang installed (default: the one running pdchaos; "
-                                                 "with device cpu, the venv's)")
-    device: Device = Field("cuda", description="cpu: the SGLang CPU tier made by `make sglang-env` (--device cpu, no overlap "
-                                               "schedule or CUDA graph, Mooncake over TCP, the venv's python and libraries; "
-                                               "docs/sglang-cpu-tier.md)")
-    venv: str = Field(CPU_VENV, description="with device cpu: the venv `make sglang-env` made, relative to the repo or absolute")
+    python: str | None = Field(
+        None,
+        description="Python that has sglang installed (default: the one running pdchaos; with device cpu, the venv's)",
+    )
+    device: Device = Field(
+        "cuda",
+        description="cpu: the SGLang CPU tier made by `make sglang-env` (--device cpu, no overlap "
+        "schedule or CUDA graph, Mooncake over TCP, the venv's python and libraries; "
+        "docs/sglang-cpu-tier.md)",
+    )
+    venv: str = Field(
+        CPU_VENV, description="with device cpu: the venv `make sglang-env` made, relative to the repo or absolute"
+    )
     host: str | None = Field(None, description="address of both servers (default: the launcher's for each role's node)")
     tp_size: int = Field(1, ge=1, description="--tp-size of both servers")
-    mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="--mem-fraction-static: weights + KV pool as a "
-                                                                             "share of each GPU (default: SGLang picks)")
+    mem_fraction_static: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="--mem-fraction-static: weights + KV pool as a share of each GPU (default: SGLang picks)",
+    )
     context_length: int | None = Field(None, ge=1, description="--context-length (default: the model's)")
-    max_total_tokens: int | None = Field(None, ge=1, description="--max-total-tokens: the KV pool in tokens, overriding the "
-                                                                 "fraction (SGLang: for development and debugging)")
+    max_total_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="--max-total-tokens: the KV pool in tokens, overriding the "
+        "fraction (SGLang: for development and debugging)",
+    )
     page_size: int | None = Field(None, ge=1, description="--page-size (default: the attention backend's)")
-    transfer_backend: TransferBackend = Field("mooncake", description="--disaggregation-transfer-backend: mooncake (RDMA), "
-                                                                      "mooncake_tcp (Mooncake over TCP, no IB device), nixl")
-    ib_device: str | None = Field(None, description="--disaggregation-ib-device for mooncake: a device, a comma list, a "
-                                                    "per-GPU JSON map or a JSON file (default: auto-detect)")
-    bootstrap_port: int | None = Field(None, ge=1, le=65535, description="--disaggregation-bootstrap-port, the same on both "
-                                                                         "servers (default: a free port on prefill's node)")
-    deterministic: bool = Field(False, description="--enable-deterministic-inference, so reference probes can be compared "
-                                                   "exactly (oracles.reference_exact)")
+    transfer_backend: TransferBackend = Field(
+        "mooncake",
+        description="--disaggregation-transfer-backend: mooncake (RDMA), "
+        "mooncake_tcp (Mooncake over TCP, no IB device), nixl",
+    )
+    ib_device: str | None = Field(
+        None,
+        description="--disaggregation-ib-device for mooncake: a device, a comma list, a "
+        "per-GPU JSON map or a JSON file (default: auto-detect)",
+    )
+    bootstrap_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="--disaggregation-bootstrap-port, the same on both "
+        "servers (default: a free port on prefill's node)",
+    )
+    deterministic: bool = Field(
+        False,
+        description="--enable-deterministic-inference, so reference probes can be compared "
+        "exactly (oracles.reference_exact)",
+    )
     random_seed: int | None = Field(None, description="--random-seed")
-    kv_canary: Literal["none", "log", "raise"] = Field("none", description="--kv-canary: SGLang's own KV canary (log or raise on a "
-                                                                           "violation; needs the piecewise CUDA graph off)")
+    kv_canary: Literal["none", "log", "raise"] = Field(
+        "none",
+        description="--kv-canary: SGLang's own KV canary (log or raise on a "
+        "violation; needs the piecewise CUDA graph off)",
+    )
     kv_canary_real_data: Literal["none", "partial", "all"] | None = Field(None, description="--kv-canary-real-data")
-    kv_canary_sweep_interval: int | None = Field(None, ge=0, description="--kv-canary-sweep-interval (needs kv_canary log or raise)")
-    kv_checksum: bool = Field(False, description="--disaggregation-enable-kv-checksum: Adler-32 of every KV transfer, a mismatch "
-                                                 "aborts with 500 (SGLang with PR #39500, after 2026-08-16)")
-    enable_metrics: bool = Field(True, description="--enable-metrics: /metrics, which fault confirmations and the integrity oracle read")
-    cache_report: bool = Field(True, description="--enable-cache-report: the OpenAI routes report usage.prompt_tokens_details."
-                                                 "cached_tokens, which the tenant-isolation oracle reads (SGLang leaves it "
-                                                 "null without this flag; /generate reports it either way)")
+    kv_canary_sweep_interval: int | None = Field(
+        None, ge=0, description="--kv-canary-sweep-interval (needs kv_canary log or raise)"
+    )
+    kv_checksum: bool = Field(
+        False,
+        description="--disaggregation-enable-kv-checksum: Adler-32 of every KV transfer, a mismatch "
+        "aborts with 500 (SGLang with PR #39500, after 2026-08-16)",
+    )
+    enable_metrics: bool = Field(
+        True, description="--enable-metrics: /metrics, which fault confirmations and the integrity oracle read"
+    )
+    cache_report: bool = Field(
+        True,
+        description="--enable-cache-report: the OpenAI routes report usage.prompt_tokens_details."
+        "cached_tokens, which the tenant-isolation oracle reads (SGLang leaves it "
+        "null without this flag; /generate reports it either way)",
+    )
     trust_remote_code: bool = Field(False, description="--trust-remote-code")
-    bootstrap_timeout_s: int | None = Field(30, ge=1, description="SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (prefill waits this long "
-                                                                  "for decode's KV indices). SGLang's default is 300 s; shortened so "
-                                                                  "stall and kill windows end in a timeout. null keeps SGLang's")
-    waiting_timeout_s: int | None = Field(30, ge=1, description="SGLANG_DISAGGREGATION_WAITING_TIMEOUT (decode waits this long for "
-                                                                "the KV after publishing its pages). SGLang's default is 300 s; it must "
-                                                                "exceed the slowest prefill under load. null keeps SGLang's")
-    heartbeat_interval_s: float | None = Field(None, ge=2, description="SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (SGLang: 5, minimum 2)")
-    heartbeat_max_failure: int | None = Field(None, ge=1, description="SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (SGLang: 2)")
-    env: dict[str, str] = Field(default_factory=dict, description="environment of both servers (e.g. MC_TRANSFER_TIMEOUT, "
-                                                                  "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE)")
+    bootstrap_timeout_s: int | None = Field(
+        30,
+        ge=1,
+        description="SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (prefill waits this long "
+        "for decode's KV indices). SGLang's default is 300 s; shortened so "
+        "stall and kill windows end in a timeout. null keeps SGLang's",
+    )
+    waiting_timeout_s: int | None = Field(
+        30,
+        ge=1,
+        description="SGLANG_DISAGGREGATION_WAITING_TIMEOUT (decode waits this long for "
+        "the KV after publishing its pages). SGLang's default is 300 s; it must "
+        "exceed the slowest prefill under load. null keeps SGLang's",
+    )
+    heartbeat_interval_s: float | None = Field(
+        None, ge=2, description="SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL (SGLang: 5, minimum 2)"
+    )
+    heartbeat_max_failure: int | None = Field(
+        None, ge=1, description="SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE (SGLang: 2)"
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment of both servers (e.g. MC_TRANSFER_TIMEOUT, "
+        "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE)",
+    )
     extra_args: list[str] = Field(default_factory=list, description="more launch_server flags for both servers")
     prefill: RoleSpec = Field(default_factory=RoleSpec, description="prefill only")
     decode: RoleSpec = Field(default_factory=RoleSpec, description="decode only")
     router: SGLangRouterSpec = Field(default_factory=SGLangRouterSpec)
-    startup_timeout_s: float = Field(1200.0, gt=0, description="how long each server may take to answer /health (model "
-                                                               "loading, CUDA graphs: minutes)")
+    startup_timeout_s: float = Field(
+        1200.0,
+        gt=0,
+        description="how long each server may take to answer /health (model loading, CUDA graphs: minutes)",
+    )
 
     def role(self, role: str) -> RoleSpec:
         return self.prefill if role == "prefill" else self.decode
@@ -208,6 +341,13 @@ class SGLangSpec(Strict):
         override = self.role(role).mem_fraction_static
         return override if override is not None else self.mem_fraction_static
 
+    @property
+    def shortest_transfer_timeout_s(self) -> float:
+        """The shorter of the two transfer timeouts, SGLang's default where the campaign keeps it."""
+        return min(
+            t if t is not None else SGLANG_DEFAULT_TIMEOUT_S for t in (self.waiting_timeout_s, self.bootstrap_timeout_s)
+        )
+
     @model_validator(mode="after")
     def _consistent(self) -> SGLangSpec:
         _check_host(self.host, "")
@@ -216,14 +356,20 @@ class SGLangSpec(Strict):
         elif not self.model_path:
             raise ValueError("model_path is required (only device: cpu has a default, the tier's tiny model)")
         if self.ib_device is not None and self.transfer_backend != "mooncake":
-            raise ValueError(f"ib_device applies to transfer_backend mooncake only; {self.transfer_backend} uses none "
-                             "(mooncake_tcp is Mooncake with MC_FORCE_TCP=1 and no IB device)")
-        if self.kv_canary == "none" and (self.kv_canary_real_data is not None or self.kv_canary_sweep_interval is not None):
+            raise ValueError(
+                f"ib_device applies to transfer_backend mooncake only; {self.transfer_backend} uses none "
+                "(mooncake_tcp is Mooncake with MC_FORCE_TCP=1 and no IB device)"
+            )
+        if self.kv_canary == "none" and (
+            self.kv_canary_real_data is not None or self.kv_canary_sweep_interval is not None
+        ):
             raise ValueError("kv_canary_real_data and kv_canary_sweep_interval need kv_canary: log or raise")
         for role in ("prefill", "decode"):
             gpus = self.gpu_ids_of(role)
             if len(gpus) != self.tp_of(role):
-                raise ValueError(f"{role}.gpu_ids {gpus} has {len(gpus)} GPU(s) for tp_size {self.tp_of(role)}: give one per TP rank")
+                raise ValueError(
+                    f"{role}.gpu_ids {gpus} has {len(gpus)} GPU(s) for tp_size {self.tp_of(role)}: give one per TP rank"
+                )
         self._check_shared_gpus()
         self._check_ports()
         _check_extra_args(self.extra_args, MANAGED_SERVER_FLAGS, "")
@@ -272,19 +418,26 @@ class SGLangSpec(Strict):
             return None
         fractions = [self.fraction_of(r) for r in ("prefill", "decode")]
         if None in fractions:
-            return (f"prefill and decode share GPU(s) {shared} on one host: set mem_fraction_static for both (each takes "
-                    "its share of the whole GPU), or give them separate gpu_ids")
+            return (
+                f"prefill and decode share GPU(s) {shared} on one host: set mem_fraction_static for both (each takes "
+                "its share of the whole GPU), or give them separate gpu_ids"
+            )
         if sum(f for f in fractions if f is not None) >= 0.95:
-            return (f"prefill and decode share GPU(s) {shared} on one host with memory fractions {fractions}, which "
-                    "leave no room for activations: keep their sum under 0.95")
+            return (
+                f"prefill and decode share GPU(s) {shared} on one host with memory fractions {fractions}, which "
+                "leave no room for activations: keep their sum under 0.95"
+            )
         return None
 
     def _check_ports(self) -> None:
         """Two servers on one node cannot share a port. Roles with no host given may be on different
         Ray nodes, so ports are compared across roles only where both name the same host."""
         groups = {
-            "prefill": (("prefill.port", self.prefill.port), ("prefill.nccl_port", self.prefill.nccl_port),
-                        ("bootstrap_port", self.bootstrap_port)),
+            "prefill": (
+                ("prefill.port", self.prefill.port),
+                ("prefill.nccl_port", self.prefill.nccl_port),
+                ("bootstrap_port", self.bootstrap_port),
+            ),
             "decode": (("decode.port", self.decode.port), ("decode.nccl_port", self.decode.nccl_port)),
             "router": (("router.port", self.router.port), ("router.metrics_port", self.router.metrics_port)),
         }

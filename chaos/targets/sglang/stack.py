@@ -22,13 +22,13 @@ from chaos.errors import TargetError, UsageError
 from chaos.process import PortTaken
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.dialect import SGLANG
+from chaos.targets.launched import LaunchedStack
 from chaos.targets.launcher import Launcher, PlannedCommand
 from chaos.targets.sglang.commands import server_command, server_env, sglang_router_command
 from chaos.targets.sglang.pool import pool_checks
 from chaos.targets.sglang.readiness import await_health, await_router, router_ready_url
 from chaos.targets.sglang.settings import Ports, WorkerSettings, as_restart_settings, with_overrides, worker_settings
 from chaos.targets.sglang.spec import SGLangSpec
-from chaos.targets.launched import LaunchedStack
 from chaos.targets.state import clear_state
 
 ROLES = ("prefill", "decode")
@@ -49,7 +49,6 @@ class SGLangStack(LaunchedStack):
         self.spec = spec
         self._ports: Ports | None = None
         self.settings: dict[str, WorkerSettings] = {}
-        self.pool_report: list[dict[str, Any]] = []  # expected vs reported KV pool per role, after up()
 
     # ---------------------------------------------------------------------------- planning ----
 
@@ -60,8 +59,19 @@ class SGLangStack(LaunchedStack):
         spec = self.spec
         self._hosts = {role: spec.host_of(role) or self.launcher.host(role) for role in (*ROLES, "router")}
 
-        taken = {p for p in (spec.prefill.port, spec.decode.port, spec.prefill.nccl_port, spec.decode.nccl_port,
-                             spec.bootstrap_port, spec.router.port, spec.router.metrics_port) if p is not None}
+        taken = {
+            p
+            for p in (
+                spec.prefill.port,
+                spec.decode.port,
+                spec.prefill.nccl_port,
+                spec.decode.nccl_port,
+                spec.bootstrap_port,
+                spec.router.port,
+                spec.router.metrics_port,
+            )
+            if p is not None
+        }
 
         def port(given: int | None, role: str) -> int:
             if given is not None:
@@ -74,9 +84,12 @@ class SGLangStack(LaunchedStack):
             raise UsageError(f"no free port for {role} that differs from the others ({sorted(taken)})")
 
         self._ports = Ports(
-            prefill=port(spec.prefill.port, "prefill"), decode=port(spec.decode.port, "decode"),
-            prefill_nccl=port(spec.prefill.nccl_port, "prefill"), decode_nccl=port(spec.decode.nccl_port, "decode"),
-            bootstrap=port(spec.bootstrap_port, "prefill"), router=port(spec.router.port, "router"),
+            prefill=port(spec.prefill.port, "prefill"),
+            decode=port(spec.decode.port, "decode"),
+            prefill_nccl=port(spec.prefill.nccl_port, "prefill"),
+            decode_nccl=port(spec.decode.nccl_port, "decode"),
+            bootstrap=port(spec.bootstrap_port, "prefill"),
+            router=port(spec.router.port, "router"),
             router_metrics=port(spec.router.metrics_port, "router"),
         )
         self.settings = {role: worker_settings(spec, role, self._hosts[role], self._ports) for role in ROLES}
@@ -90,14 +103,28 @@ class SGLangStack(LaunchedStack):
     def worker_command(self, role: str) -> PlannedCommand:
         self._resolve()
         s = self.settings[role]
-        return PlannedCommand(role, role, server_command(s), self.log_dir / f"{role}.log", server_env(s), f"{s.url}/health")
+        return PlannedCommand(
+            role, role, server_command(s), self.log_dir / f"{role}.log", server_env(s), f"{s.url}/health"
+        )
 
     def router_command(self) -> PlannedCommand:
         self._resolve()
-        argv = sglang_router_command(self.spec.router, sys.executable, self._hosts["router"], self.ports,
-                                     self.settings["prefill"], self.settings["decode"])
-        return PlannedCommand("router", "router", argv, self.log_dir / "router.log", dict(self.spec.router.env),
-                              router_ready_url(self.router_url, self.spec.router.front))
+        argv = sglang_router_command(
+            self.spec.router,
+            sys.executable,
+            self._hosts["router"],
+            self.ports,
+            self.settings["prefill"],
+            self.settings["decode"],
+        )
+        return PlannedCommand(
+            "router",
+            "router",
+            argv,
+            self.log_dir / "router.log",
+            dict(self.spec.router.env),
+            router_ready_url(self.router_url, self.spec.router.front),
+        )
 
     def plan(self) -> list[PlannedCommand]:
         return [self.worker_command("prefill"), self.worker_command("decode"), self.router_command()]
@@ -226,8 +253,10 @@ class SGLangStack(LaunchedStack):
     def endpoints(self) -> Endpoints:
         return Endpoints(
             router_url=self.router_url,
-            workers=(WorkerEndpoint("prefill", self.worker_url("prefill"), self.ports.bootstrap),
-                     WorkerEndpoint("decode", self.worker_url("decode"))),
+            workers=(
+                WorkerEndpoint("prefill", self.worker_url("prefill"), self.ports.bootstrap),
+                WorkerEndpoint("decode", self.worker_url("decode")),
+            ),
             router_metrics_url=self._url("router", self.ports.router_metrics) + "/metrics",
         )
 
@@ -240,7 +269,9 @@ class SGLangStack(LaunchedStack):
 
     def _state_extra(self) -> dict[str, Any]:
         return {
-            "commands": [{"name": c.name, "placement": self.launcher.placement(c.role), "shell": c.shell()} for c in self.plan()],
+            "commands": [
+                {"name": c.name, "placement": self.launcher.placement(c.role), "shell": c.shell()} for c in self.plan()
+            ],
             "settings": {role: dataclasses.asdict(s) for role, s in self.settings.items()},
             "pool": self.pool_report,
         }

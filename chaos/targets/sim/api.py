@@ -72,7 +72,9 @@ class WorkerApi:
             return await handler(request)
         except web.HTTPException as exc:
             if exc.status == 413:
-                return web.json_response(generate_error_body(f"Request body is larger than {MAX_BODY_BYTES} bytes"), status=413)
+                return web.json_response(
+                    generate_error_body(f"Request body is larger than {MAX_BODY_BYTES} bytes"), status=413
+                )
             raise
         except asyncio.CancelledError:
             raise
@@ -127,7 +129,9 @@ class WorkerApi:
         if finish.type == "abort" and finish.status_code is not None:
             status = finish.status_code
             if req.inp.api == "generate":
-                body = generate_error_body(finish.message) if status == 400 else server_error_body(finish.message, status)
+                body = (
+                    generate_error_body(finish.message) if status == 400 else server_error_body(finish.message, status)
+                )
             else:
                 body = openai_error_body(finish.message, status)
             return web.json_response(body, status=status)
@@ -137,11 +141,20 @@ class WorkerApi:
         if req.inp.api == "generate":
             return {"text": req.text, "output_ids": list(req.output_ids), "meta_info": req.meta_info()}
         finish = req.finish.type if req.finish else None
-        common = {"id": req.rid, "created": int(time.time()), "model": self.engine.settings.model_name, "usage": self._usage(req)}
+        common = {
+            "id": req.rid,
+            "created": int(time.time()),
+            "model": self.engine.settings.model_name,
+            "usage": self._usage(req),
+        }
         if req.inp.api == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": req.text}, "finish_reason": finish}
             return {"object": "chat.completion", "choices": [choice], **common}
-        return {"object": "text_completion", "choices": [{"index": 0, "text": req.text, "finish_reason": finish}], **common}
+        return {
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": req.text, "finish_reason": finish}],
+            **common,
+        }
 
     def _usage(self, req: Req) -> dict[str, Any]:
         completion = len(req.output_ids)
@@ -166,19 +179,25 @@ class WorkerApi:
             if req.inp.api == "generate":
                 if len(req.output_ids) > sent_tokens or finished:
                     sent_tokens = len(req.output_ids)
-                    await response.write(_sse({"text": req.text, "output_ids": list(req.output_ids), "meta_info": req.meta_info()}))
+                    await response.write(
+                        _sse({"text": req.text, "output_ids": list(req.output_ids), "meta_info": req.meta_info()})
+                    )
             else:
                 delta = req.text[sent_chars:]
                 sent_chars = len(req.text)
                 if finished and req.finish and req.finish.type == "abort" and req.finish.status_code is not None:
                     err = openai_error_body(req.finish.message, req.finish.status_code)
-                    await response.write(_sse({"error": {"message": err["message"], "type": err["type"], "code": err["code"]}}))
+                    await response.write(
+                        _sse({"error": {"message": err["message"], "type": err["type"], "code": err["code"]}})
+                    )
                 elif delta or finished:
                     reason = req.finish.type if finished and req.finish else None
                     content = {"content": delta} if req.inp.api == "chat" else delta
                     await response.write(_sse(self._chunk(req, content, reason)))
                 if finished and req.inp.include_usage:
-                    await response.write(_sse({**self._chunk(req, None, None), "choices": [], "usage": self._usage(req)}))
+                    await response.write(
+                        _sse({**self._chunk(req, None, None), "choices": [], "usage": self._usage(req)})
+                    )
             if finished:
                 break
             await req.changed.wait()
@@ -191,7 +210,11 @@ class WorkerApi:
         if req.inp.api == "chat":
             choice = {"index": 0, "delta": content or {}, "finish_reason": finish_reason}
             return {**base, "object": "chat.completion.chunk", "choices": [choice]}
-        return {**base, "object": "text_completion", "choices": [{"index": 0, "text": content or "", "finish_reason": finish_reason}]}
+        return {
+            **base,
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": content or "", "finish_reason": finish_reason}],
+        }
 
     # ------------------------------------------------------------------------ introspection ----
 
@@ -200,38 +223,69 @@ class WorkerApi:
 
     async def models(self, _: web.Request) -> web.Response:
         s = self.engine.settings
-        card = {"id": s.model_name, "object": "model", "created": self.created, "owned_by": "sglang", "root": s.model_path, "max_model_len": s.context_length}
+        card = {
+            "id": s.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "sglang",
+            "root": s.model_path,
+            "max_model_len": s.context_length,
+        }
         return web.json_response({"object": "list", "data": [card]})
 
     async def model_info(self, _: web.Request) -> web.Response:
         s = self.engine.settings
-        return web.json_response({
-            "model_path": s.model_path, "tokenizer_path": s.model_path, "is_generation": True,
-            "preferred_sampling_params": None, "weight_version": "default",
-            "has_image_understanding": False, "has_audio_understanding": False,
-            "model_type": "pdchaos-toy", "architectures": ["PdchaosToyForCausalLM"],
-        })
+        return web.json_response(
+            {
+                "model_path": s.model_path,
+                "tokenizer_path": s.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "pdchaos-toy",
+                "architectures": ["PdchaosToyForCausalLM"],
+            }
+        )
 
     async def server_info(self, _: web.Request) -> web.Response:
         s, e = self.engine.settings, self.engine
         info = {
-            "model_path": s.model_path, "served_model_name": s.model_name, "host": s.host, "port": s.port,
-            "tp_size": 1, "dp_size": 1, "pp_size": 1,
-            "disaggregation_mode": s.role, "disaggregation_bootstrap_port": s.bootstrap_port,
+            "model_path": s.model_path,
+            "served_model_name": s.model_name,
+            "host": s.host,
+            "port": s.port,
+            "tp_size": 1,
+            "dp_size": 1,
+            "pp_size": 1,
+            "disaggregation_mode": s.role,
+            "disaggregation_bootstrap_port": s.bootstrap_port,
             "disaggregation_transfer_backend": "pdchaos-tcp",
             "disaggregation_enable_kv_checksum": s.kv_checksum,
-            "mem_fraction_static": s.mem_fraction_static, "max_total_tokens": s.max_total_tokens,
-            "context_length": s.context_length, "page_size": s.page_size,
-            "max_running_requests": s.max_running_requests, "chunked_prefill_size": s.chunked_prefill_size,
+            "mem_fraction_static": s.mem_fraction_static,
+            "max_total_tokens": s.max_total_tokens,
+            "context_length": s.context_length,
+            "page_size": s.page_size,
+            "max_running_requests": s.max_running_requests,
+            "chunked_prefill_size": s.chunked_prefill_size,
             "status": "ready" if e.ready else "starting",
-            "max_total_num_tokens": s.pool_tokens, "max_req_input_len": s.max_req_input_len,
+            "max_total_num_tokens": s.pool_tokens,
+            "max_req_input_len": s.max_req_input_len,
             "startup_time": e.started_at,
-            "internal_states": [{
-                "last_gen_throughput": e._last_gen_throughput,
-                "memory_usage": {"kvcache": round(s.kv_memory_gb, 3), "weight": s.weights_gb, "token_capacity": s.pool_tokens},
-                "effective_max_running_requests_per_dp": s.max_running_requests,
-            }],
-            "version": f"pdchaos-sim {__version__}", "kv_events": None,
+            "internal_states": [
+                {
+                    "last_gen_throughput": e._last_gen_throughput,
+                    "memory_usage": {
+                        "kvcache": round(s.kv_memory_gb, 3),
+                        "weight": s.weights_gb,
+                        "token_capacity": s.pool_tokens,
+                    },
+                    "effective_max_running_requests_per_dp": s.max_running_requests,
+                }
+            ],
+            "version": f"pdchaos-sim {__version__}",
+            "kv_events": None,
             "pdchaos_sim": s.to_json(),
         }
         return web.json_response(info)
@@ -240,9 +294,12 @@ class WorkerApi:
         e, s = self.engine, self.engine.settings
         speed, latency = e.kv_transfer_stats()
         return {
-            "num_running_reqs": e.num_running(), "num_waiting_reqs": e.num_waiting(),
-            "num_used_tokens": e.used_tokens(), "num_total_tokens": s.pool_tokens,
-            "max_total_num_tokens": s.pool_tokens, "token_usage": round(e.token_usage(), 4),
+            "num_running_reqs": e.num_running(),
+            "num_waiting_reqs": e.num_waiting(),
+            "num_used_tokens": e.used_tokens(),
+            "num_total_tokens": s.pool_tokens,
+            "max_total_num_tokens": s.pool_tokens,
+            "token_usage": round(e.token_usage(), 4),
             "disaggregation": {**e.queue_counts(), "kv_transfer_speed_gb_s": speed, "kv_transfer_latency_ms": latency},
             "quarantined_tokens": e.quarantined_tokens(),
         }
@@ -253,13 +310,23 @@ class WorkerApi:
     async def metrics(self, _: web.Request) -> web.Response:
         e, s = self.engine, self.engine.settings
         loads = self._loads()
-        labels = {"model_name": s.model_name, "engine_type": "unified" if s.role == "null" else s.role, "tp_rank": "0", "pp_rank": "0"}
+        labels = {
+            "model_name": s.model_name,
+            "engine_type": "unified" if s.role == "null" else s.role,
+            "tp_rank": "0",
+            "pp_rank": "0",
+        }
         gauges: dict[str, float] = {
-            "max_total_num_tokens": s.pool_tokens, "context_len": s.context_length, "page_size": s.page_size,
-            "num_pages": s.num_pages, "kv_cache_memory_usage_gb": max(0.0, s.kv_memory_gb),
+            "max_total_num_tokens": s.pool_tokens,
+            "context_len": s.context_length,
+            "page_size": s.page_size,
+            "num_pages": s.num_pages,
+            "kv_cache_memory_usage_gb": max(0.0, s.kv_memory_gb),
             "weight_memory_usage_gb": s.weights_gb,
-            "num_running_reqs": loads["num_running_reqs"], "num_queue_reqs": loads["num_waiting_reqs"],
-            "num_used_tokens": loads["num_used_tokens"], "token_usage": loads["token_usage"],
+            "num_running_reqs": loads["num_running_reqs"],
+            "num_queue_reqs": loads["num_waiting_reqs"],
+            "num_used_tokens": loads["num_used_tokens"],
+            "token_usage": loads["token_usage"],
             "kv_used_tokens": e.pool.used_pages * s.page_size,
             "kv_available_tokens": e.pool.free_pages * s.page_size,
             "kv_evictable_tokens": e.cache.evictable_pages * s.page_size,
@@ -292,5 +359,7 @@ class WorkerApi:
 
     async def flush_cache(self, _: web.Request) -> web.Response:
         if self.engine.flush_cache():
-            return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
+            return web.Response(
+                text="Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
+            )
         return web.Response(status=400, text="Cache not flushed: requests are running or waiting.\n")

@@ -10,6 +10,7 @@ ABORT / ABORT_ACK). Decode only reuses such pages once no write can land there a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -104,13 +105,13 @@ class BootstrapServer:
             return web.json_response({"room": room, "state": "unknown"})
         entry.sender.abort_requested = True
         if entry.sender.may_still_write:
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(entry.sender.finished.wait(), timeout=5.0)
-            except asyncio.TimeoutError:
-                pass
         state = entry.sender.state
-        name = "in_flight" if state in (SendState.CONNECTING, SendState.SENDING) else (
-            "finished" if state is SendState.FINISHED else "never_started"
+        name = (
+            "in_flight"
+            if state in (SendState.CONNECTING, SendState.SENDING)
+            else ("finished" if state is SendState.FINISHED else "never_started")
         )
         log.info("Received ABORT for bootstrap_room=%d, sender state %s", room, name)
         return web.json_response({"room": room, "state": name})
@@ -131,14 +132,18 @@ class BootstrapClient:
         if self._session is not None:
             await self._session.close()
 
-    async def send_destination(self, addr: str, room: int, rid: str, dest: Destination, attempts: int = 3) -> str | None:
+    async def send_destination(
+        self, addr: str, room: int, rid: str, dest: Destination, attempts: int = 3
+    ) -> str | None:
         """Post where prefill must write; returns prefill's rejection message if it rejected the request."""
         session = await self._client()
         payload = {"room": room, "rid": rid, "host": dest.host, "port": dest.port, "pages": dest.pages}
         last: Exception | None = None
         for attempt in range(attempts):
             try:
-                async with session.post(f"http://{addr}/bootstrap", json=payload, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                async with session.post(
+                    f"http://{addr}/bootstrap", json=payload, timeout=aiohttp.ClientTimeout(total=2)
+                ) as resp:
                     if resp.status == 200:
                         try:
                             answer = await resp.json()
@@ -156,7 +161,9 @@ class BootstrapClient:
         """Prefill's answer about the room's sender, or None when prefill does not answer."""
         session = await self._client()
         try:
-            async with session.post(f"http://{addr}/abort", json={"room": room}, timeout=aiohttp.ClientTimeout(total=8)) as resp:
+            async with session.post(
+                f"http://{addr}/abort", json={"room": room}, timeout=aiohttp.ClientTimeout(total=8)
+            ) as resp:
                 if resp.status != 200:
                     return None
                 return str((await resp.json())["state"])

@@ -13,13 +13,15 @@ started one. Only then do they return to the free list.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
+from chaos.targets.sim import model
 from chaos.targets.sim.bootstrap import BootstrapClient
 from chaos.targets.sim.engine import Engine, Phase, Req
-from chaos.targets.sim import model
 from chaos.targets.sim.protocol import Finish, abort
 from chaos.targets.sim.transfer import Destination, Done, KVReceiver, kv_checksum
 
@@ -112,10 +114,8 @@ class DecodeEngine(Engine):
                     self.finish(req, abort("Abort in waiting queue"))
                     return False
                 self._memory_freed.clear()
-                try:
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._memory_freed.wait(), timeout=0.05)
-                except asyncio.TimeoutError:
-                    pass
         finally:
             self.prealloc_queue.remove(req)
         req.pages = self.pool.alloc(needed)
@@ -136,9 +136,12 @@ class DecodeEngine(Engine):
         deadline = asyncio.get_running_loop().time() + waiting_timeout
         try:
             try:
-                rejection = await asyncio.wait_for(self.client.send_destination(
-                    addr, room, req.rid, Destination(self.transfer_host, self.transfer_port, prompt_pages)
-                ), timeout=waiting_timeout)
+                rejection = await asyncio.wait_for(
+                    self.client.send_destination(
+                        addr, room, req.rid, Destination(self.transfer_host, self.transfer_port, prompt_pages)
+                    ),
+                    timeout=waiting_timeout,
+                )
             except ConnectionError as exc:
                 self.fail_handoff(req, "handshake", str(exc))
                 return None
@@ -149,7 +152,9 @@ class DecodeEngine(Engine):
                 self._rejected_by_prefill(req, rejection)
                 return None
             if self.injected_failure():
-                self.fail_handoff(req, "transfer", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)")
+                self.fail_handoff(
+                    req, "transfer", "Failed due to an injected failure (SGLANG_TEST_DISAGG_FAILURE_PROB)"
+                )
                 return None
             try:
                 left = max(0.0, deadline - asyncio.get_running_loop().time())
@@ -185,21 +190,29 @@ class DecodeEngine(Engine):
         self.finish(req, abort(message, status_code=400, err_type="BadRequestError"))
 
     def _waiting_timed_out(self, req: Req, waiting_timeout: float) -> None:
-        log.warning("Some requests fail to receive KV Cache transfer done signal after bootstrapping. These requests will be marked as failed.")
-        self.fail_handoff(req, "transfer", f"Request {req.room} timed out after {waiting_timeout:.1f}s in KVPoll.WaitingForInput")
+        log.warning(
+            "Some requests fail to receive KV Cache transfer done signal after bootstrapping. These requests will be marked as failed."
+        )
+        self.fail_handoff(
+            req, "transfer", f"Request {req.room} timed out after {waiting_timeout:.1f}s in KVPoll.WaitingForInput"
+        )
 
     def _commit(self, req: Req, done: Done) -> None:
         """Check the handoff before decoding over it: full coverage, then the checksum."""
         # SGLang before #38704 had no such check; two defects model engines without it.
         unchecked = "rejected_prefill_handoff" in self.defects or "metadata_slot_collision" in self.defects
         if done.num_tokens != req.prompt_len and not unchecked:
-            self.fail_handoff(req, "transfer", f"KV transfer incomplete: received {done.num_tokens} of {req.prompt_len} tokens")
+            self.fail_handoff(
+                req, "transfer", f"KV transfer incomplete: received {done.num_tokens} of {req.prompt_len} tokens"
+            )
             return
         slots = self.pool.slots(req.pages, req.prompt_len)
         if done.checksum is not None and self.settings.kv_checksum:
             landed = kv_checksum(self.pool.read(slots))
             if landed != done.checksum:
-                log.error("KV checksum mismatch for bootstrap_room=%s: sent %s, landed %s", req.room, done.checksum, landed)
+                log.error(
+                    "KV checksum mismatch for bootstrap_room=%s: sent %s, landed %s", req.room, done.checksum, landed
+                )
                 self.fail_handoff(req, "transfer", f"KV checksum mismatch (sent {done.checksum}, landed {landed})")
                 return
         req.kv_computed = True
@@ -223,8 +236,13 @@ class DecodeEngine(Engine):
         if room in self.waiting:
             _, outcome = self.waiting[room]
             if not outcome.done():
-                outcome.set_result(TransferOutcome(rejection=reason, stream_closed=True) if reason else
-                                   TransferOutcome(failure="Failed to get kvcache from prefill instance, it might be dead", stream_closed=True))
+                outcome.set_result(
+                    TransferOutcome(rejection=reason, stream_closed=True)
+                    if reason
+                    else TransferOutcome(
+                        failure="Failed to get kvcache from prefill instance, it might be dead", stream_closed=True
+                    )
+                )
         else:
             self._release_quarantined(room, "transfer aborted by prefill")
 
@@ -232,7 +250,11 @@ class DecodeEngine(Engine):
         if room in self.waiting and not terminated:
             _, outcome = self.waiting[room]
             if not outcome.done():
-                outcome.set_result(TransferOutcome(failure="Failed to get kvcache from prefill instance, it might be dead", stream_closed=True))
+                outcome.set_result(
+                    TransferOutcome(
+                        failure="Failed to get kvcache from prefill instance, it might be dead", stream_closed=True
+                    )
+                )
         elif room not in self.waiting:
             self._release_quarantined(room, "transfer stream closed")
 
@@ -245,7 +267,8 @@ class DecodeEngine(Engine):
             req.pages = []  # nobody will ever give them back
             return
         if uncommitted and "free_before_transfer_done" not in self.defects:
-            self.quarantine[req.room] = Quarantined(req.room, req.pages, self.prefill_addr(req), time.monotonic())
+            room = cast(int, req.room)  # not None: `uncommitted` requires a room
+            self.quarantine[room] = Quarantined(room, req.pages, self.prefill_addr(req), time.monotonic())
             req.pages = []
             return
         self.pool.release(req.pages)
@@ -291,10 +314,14 @@ class DecodeEngine(Engine):
 
     def _fail_rooms_of(self, addr: str) -> None:
         affected = [(req, outcome) for req, outcome in self.waiting.values() if self.prefill_addr(req) == addr]
-        log.error("Lost connection with prefill instance (bootstrap_addr: %s), %d requests affected", addr, len(affected))
+        log.error(
+            "Lost connection with prefill instance (bootstrap_addr: %s), %d requests affected", addr, len(affected)
+        )
         for _, outcome in affected:
             if not outcome.done():
-                outcome.set_result(TransferOutcome(failure=f"Lost connection with prefill instance (bootstrap_addr: {addr})"))
+                outcome.set_result(
+                    TransferOutcome(failure=f"Lost connection with prefill instance (bootstrap_addr: {addr})")
+                )
 
     # --------------------------------------------------------------------------- queries ----
 

@@ -12,13 +12,15 @@ the `asyncio.sleep` calls that stand for GPU work (prefill speed, decode step ti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from chaos.targets.sim import model
 from chaos.targets.sim.kvpool import KVPool
@@ -29,6 +31,7 @@ from chaos.targets.sim.settings import WorkerSettings
 from chaos.targets.sim.tokenizer import EOS_ID, detokenize
 
 log = logging.getLogger("sglang.scheduler")
+T = TypeVar("T")
 
 DECODE_LOG_INTERVAL = 40  # SGLang's --decode-log-interval
 
@@ -219,7 +222,11 @@ class Engine:
         message = kv_transfer_error(req.room or 0, reason)
         log.error(
             "%s %s failed for request rank=0 req.rid=%s req.bootstrap_room=%s with exception %s",
-            self.role.capitalize(), stage, req.rid, req.room, message,
+            self.role.capitalize(),
+            stage,
+            req.rid,
+            req.room,
+            message,
         )
         bootstrap = stage in ("bootstrap", "handshake")  # prefill's and decode's names for it
         failed = "num_bootstrap_failed_reqs_total" if bootstrap else "num_transfer_failed_reqs_total"
@@ -247,7 +254,7 @@ class Engine:
             self.request_abort(req, abort("Aborted by AbortReq."))
         return len(matched)
 
-    async def until_aborted(self, req: Req, awaitable: Any, timeout: float | None = None) -> Any:
+    async def until_aborted(self, req: Req, awaitable: Awaitable[T], timeout: float | None = None) -> T | None:
         """Await `awaitable`, but give up when the request is aborted (returns None) or on timeout."""
         waiter = asyncio.ensure_future(awaitable)
         stopper = asyncio.ensure_future(req.aborted.wait())
@@ -316,10 +323,8 @@ class Engine:
                 new_tokens += req.prompt_len - req.cached_tokens
             if not batch:
                 self._memory_freed.clear()
-                try:
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._memory_freed.wait(), timeout=0.05)
-                except asyncio.TimeoutError:
-                    pass
                 continue
             self._log_prefill_batch(batch, new_tokens)
             self.forward_batch = batch
@@ -351,8 +356,13 @@ class Engine:
         log.info(
             "Prefill batch, #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, "
             "#running-req: %d, #queue-req: %d, %s",
-            len(batch), new_tokens, sum(r.cached_tokens for r in batch), self.token_usage(),
-            len(self.running), len(self.prefill_queue), self._pd_batch_fields(),
+            len(batch),
+            new_tokens,
+            sum(r.cached_tokens for r in batch),
+            self.token_usage(),
+            len(self.running),
+            len(self.prefill_queue),
+            self._pd_batch_fields(),
         )
 
     def _pd_batch_fields(self) -> str:
@@ -422,8 +432,12 @@ class Engine:
     def _log_decode_batch(self) -> None:
         log.info(
             "Decode batch, #running-req: %d, #token: %d, token usage: %.2f, %sgen throughput (token/s): %.2f, #queue-req: %d",
-            len(self.running), self.used_tokens(), self.token_usage(), self._decode_batch_pd_fields(),
-            self._last_gen_throughput, len(self.prefill_queue),
+            len(self.running),
+            self.used_tokens(),
+            self.token_usage(),
+            self._decode_batch_pd_fields(),
+            self._last_gen_throughput,
+            len(self.prefill_queue),
         )
 
     def _decode_batch_pd_fields(self) -> str:

@@ -54,7 +54,7 @@ def render(labels: dict[str, str], gauges: dict[str, float], metrics: Metrics) -
         lines.append(f"sglang:{name}{{{label_text}}} {_fmt(value)}")
     for name, hist in sorted(metrics.histograms.items()):
         lines += [f"# HELP sglang:{name} {name.replace('_', ' ')}", f"# TYPE sglang:{name} histogram"]
-        for bound, count in zip(hist.buckets, hist.counts):  # observe() keeps counts cumulative
+        for bound, count in zip(hist.buckets, hist.counts, strict=True):  # observe() keeps counts cumulative
             lines.append(f'sglang:{name}_bucket{{{label_text},le="{_fmt(bound)}"}} {count}')
         lines.append(f"sglang:{name}_sum{{{label_text}}} {_fmt(hist.total)}")
         lines.append(f"sglang:{name}_count{{{label_text}}} {hist.count}")

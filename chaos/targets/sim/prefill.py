@@ -70,8 +70,14 @@ class PrefillEngine(Engine):
         try:
             dest = await self.until_aborted(req, asyncio.shield(destination), timeout=timeouts.bootstrap_timeout_s)
         except asyncio.TimeoutError:
-            log.warning("Some requests timed out when bootstrapping, which means prefill instances fail to receive the KV indices from the decode instance of this request.")
-            self.fail_handoff(req, "bootstrap", f"Request {req.room} timed out after {timeouts.bootstrap_timeout_s:.1f}s in KVPoll.Bootstrapping")
+            log.warning(
+                "Some requests timed out when bootstrapping, which means prefill instances fail to receive the KV indices from the decode instance of this request."
+            )
+            self.fail_handoff(
+                req,
+                "bootstrap",
+                f"Request {req.room} timed out after {timeouts.bootstrap_timeout_s:.1f}s in KVPoll.Bootstrapping",
+            )
             return
         if dest is None or sender.abort_requested:
             self.finish(req, req.abort_reason or abort("Aborted by the decode side"))

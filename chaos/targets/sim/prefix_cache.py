@@ -76,7 +76,7 @@ class PrefixCache:
 
     def insert(self, keys: Sequence[PageKey], pages: Sequence[int]) -> None:
         """Cache full prompt pages a request has just computed (takes its own reference)."""
-        for key, page in zip(keys, pages):
+        for key, page in zip(keys, pages, strict=False):
             self._stale.pop(key, None)
             if key in self._pages:
                 self._pages.move_to_end(key)

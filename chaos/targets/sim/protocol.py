@@ -107,7 +107,14 @@ def _get(body: dict[str, Any], key: str, kinds: tuple[type, ...], default: Any =
 
 
 def _kind_names(kinds: tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "a boolean", list: "a list", dict: "an object"}
+    names = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "a boolean",
+        list: "a list",
+        dict: "an object",
+    }
     return " or ".join(names.get(kind, kind.__name__) for kind in kinds)
 
 
@@ -174,7 +181,9 @@ def parse_generate(body: dict[str, Any], default_max_new_tokens: int) -> Generat
             raise BadRequest(f"Field 'text' must be a string, got {type(text).__name__}")
         ids = tokenize(text)
     elif input_ids is not None:
-        if not isinstance(input_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= EOS_ID for t in input_ids):
+        if not isinstance(input_ids, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= EOS_ID for t in input_ids
+        ):
             raise BadRequest(f"Field 'input_ids' must be a list of token ids in [0, {EOS_ID}]")
         ids = list(input_ids)
     else:

@@ -45,12 +45,8 @@ class TransferTimeouts:
     def from_env(cls) -> TransferTimeouts:
         base = cls()
         return cls(
-            bootstrap_timeout_s=_env_float(
-                "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", base.bootstrap_timeout_s
-            ),
-            waiting_timeout_s=_env_float(
-                "SGLANG_DISAGGREGATION_WAITING_TIMEOUT", base.waiting_timeout_s
-            ),
+            bootstrap_timeout_s=_env_float("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", base.bootstrap_timeout_s),
+            waiting_timeout_s=_env_float("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", base.waiting_timeout_s),
             # SGLang clamps these two to their minimums (2 s, 1 failure).
             heartbeat_interval_s=max(
                 2.0, _env_float("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", base.heartbeat_interval_s)

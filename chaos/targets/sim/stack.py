@@ -23,19 +23,17 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 from chaos.process import PortTaken, says_port_taken, wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
-from chaos.targets.sim.settings import TransferTimeouts, WorkerSettings
+from chaos.targets.launched import LaunchedStack
 from chaos.targets.launcher import Launcher, PlannedCommand, ProcessHandle
 from chaos.targets.sglang.router import RouterOptions, router_command  # the same router as the real stack
+from chaos.targets.sim.settings import Role, TransferTimeouts, WorkerSettings
+from chaos.targets.sim.spec import SimSpec
 from chaos.targets.sim.worker import command_for, env_for
-from chaos.targets.launched import LaunchedStack
 from chaos.targets.state import clear_state
-
-if TYPE_CHECKING:
-    from chaos.campaign import SimSpec
 
 log = logging.getLogger("pdchaos.sim")
 
@@ -75,28 +73,45 @@ class SimStackConfig:
     decode_overrides: dict[str, Any] = field(default_factory=dict)
     router: RouterOptions = field(default_factory=RouterOptions)
     startup_timeout_s: float = 30.0
-    # Put a fault proxy on router->prefill, router->decode and the KV transfer link (faults/links.py).
+    # Put a fault proxy on router->prefill, router->decode and the KV transfer link (faults/links/).
     proxied_links: bool = False
 
     def settings_for(self, role: str, port: int, bootstrap_port: int, host: str = LOOPBACK) -> WorkerSettings:
         overrides = self.prefill_overrides if role == "prefill" else self.decode_overrides
-        return replace(self.worker, role=role, host=host, port=port, bootstrap_port=bootstrap_port, **overrides)
+        worker_role = cast(Role, role)  # the stack asks only for its workers' roles: prefill, decode
+        return replace(self.worker, role=worker_role, host=host, port=port, bootstrap_port=bootstrap_port, **overrides)
 
 
 def sim_stack_config(spec: SimSpec) -> SimStackConfig:
     """The embedded stack a campaign's `target.sim` section describes."""
     worker = WorkerSettings(
-        page_size=spec.page_size, context_length=spec.context_length, max_total_tokens=spec.max_total_tokens,
-        mem_fraction_static=spec.mem_fraction_static, prefill_tokens_per_s=spec.prefill_tokens_per_s,
-        decode_step_s=spec.decode_step_ms / 1000.0, transfer_tokens_per_s=spec.transfer_tokens_per_s,
-        kv_checksum=spec.kv_checksum, defects=tuple(spec.defects),
-        timeouts=TransferTimeouts(bootstrap_timeout_s=spec.bootstrap_timeout_s, waiting_timeout_s=spec.waiting_timeout_s,
-                                  heartbeat_interval_s=spec.heartbeat_interval_s),
+        page_size=spec.page_size,
+        context_length=spec.context_length,
+        max_total_tokens=spec.max_total_tokens,
+        mem_fraction_static=spec.mem_fraction_static,
+        prefill_tokens_per_s=spec.prefill_tokens_per_s,
+        decode_step_s=spec.decode_step_ms / 1000.0,
+        transfer_tokens_per_s=spec.transfer_tokens_per_s,
+        kv_checksum=spec.kv_checksum,
+        defects=tuple(spec.defects),
+        timeouts=TransferTimeouts(
+            bootstrap_timeout_s=spec.bootstrap_timeout_s,
+            waiting_timeout_s=spec.waiting_timeout_s,
+            heartbeat_interval_s=spec.heartbeat_interval_s,
+        ),
     )
-    router = RouterOptions(retries=spec.router.retries, circuit_breaker=spec.router.circuit_breaker,
-                           health_check_interval_s=spec.router.health_check_interval_s)
-    return SimStackConfig(worker=worker, prefill_overrides=dict(spec.prefill), decode_overrides=dict(spec.decode),
-                          router=router, proxied_links=spec.proxied_links)
+    router = RouterOptions(
+        retries=spec.router.retries,
+        circuit_breaker=spec.router.circuit_breaker,
+        health_check_interval_s=spec.router.health_check_interval_s,
+    )
+    return SimStackConfig(
+        worker=worker,
+        prefill_overrides=dict(spec.prefill),
+        decode_overrides=dict(spec.decode),
+        router=router,
+        proxied_links=spec.proxied_links,
+    )
 
 
 class SimStack(LaunchedStack):
@@ -152,8 +167,13 @@ class SimStack(LaunchedStack):
 
     def _choose_addresses(self) -> None:
         """Each port is picked on the node that will listen on it (all of them here, by default)."""
-        for name, role in (("prefill", "prefill"), ("decode", "decode"), ("router", "router"),
-                           ("router_metrics", "router"), ("bootstrap", "prefill")):
+        for name, role in (
+            ("prefill", "prefill"),
+            ("decode", "decode"),
+            ("router", "router"),
+            ("router_metrics", "router"),
+            ("bootstrap", "prefill"),
+        ):
             self._ports[name] = self.launcher.free_port(role)
         # Decode's transfer port is fixed up front, so a proxy in front of it stays valid when
         # decode restarts; and no server of ours binds port 0 (chaos/process.py's free_port).
@@ -175,8 +195,14 @@ class SimStack(LaunchedStack):
 
     def _worker_command(self, role: str, settings: WorkerSettings) -> PlannedCommand:
         env = {**env_for(settings.timeouts), **self.extra_env.get(role, {})}
-        return PlannedCommand(role, role, command_for(settings), self.log_dir / f"{role}.log", env,
-                              ready_url=f"http://{settings.host}:{settings.port}/health")
+        return PlannedCommand(
+            role,
+            role,
+            command_for(settings),
+            self.log_dir / f"{role}.log",
+            env,
+            ready_url=f"http://{settings.host}:{settings.port}/health",
+        )
 
     def _start_worker(self, role: str, settings: WorkerSettings) -> None:
         self.settings[role] = settings
@@ -185,15 +211,27 @@ class SimStack(LaunchedStack):
         self.write_state()
 
     def _proxy_upstream(self, link: str) -> str:
-        role, port = {"router_prefill": ("prefill", "prefill"), "router_decode": ("decode", "decode"),
-                      "kv_transfer": ("decode", "decode_transfer")}[link]
+        role, port = {
+            "router_prefill": ("prefill", "prefill"),
+            "router_decode": ("decode", "decode"),
+            "kv_transfer": ("decode", "decode_transfer"),
+        }[link]
         return f"{self._hosts[role]}:{self._ports[port]}"
 
     def _proxy_command(self, link: str) -> PlannedCommand:
         host = self._hosts["router"]  # the proxies sit beside the router
         name = PROXY_PREFIX + link
-        argv = [sys.executable, "-m", "faults.proxy", "--listen", f"{host}:{self._ports[name]}",
-                "--upstream", self._proxy_upstream(link), "--control", f"{host}:{self._ports[name + '_control']}"]
+        argv = [
+            sys.executable,
+            "-m",
+            "faults.proxy",
+            "--listen",
+            f"{host}:{self._ports[name]}",
+            "--upstream",
+            self._proxy_upstream(link),
+            "--control",
+            f"{host}:{self._ports[name + '_control']}",
+        ]
         return PlannedCommand(name, "router", argv, self.log_dir / f"{name}.log")
 
     def _start_proxies(self) -> None:
@@ -203,8 +241,13 @@ class SimStack(LaunchedStack):
         for link in PROXY_LINKS:
             proc = self.procs[PROXY_PREFIX + link]
             ready = _wait_proxy_ready(proc, self.config.startup_timeout_s)
-            self.proxies[link] = ProxyHandle(link=link, listen=ready["listen"], upstream=self._proxy_upstream(link),
-                                             control_url=f"http://{ready['control']}", pid=proc.pid)
+            self.proxies[link] = ProxyHandle(
+                link=link,
+                listen=ready["listen"],
+                upstream=self._proxy_upstream(link),
+                control_url=f"http://{ready['control']}",
+                pid=proc.pid,
+            )
 
     def _router_worker_url(self, role: str) -> str:
         """Where the router reaches a worker: through its proxy when the links are proxied."""
@@ -215,12 +258,17 @@ class SimStack(LaunchedStack):
 
     def _router_command(self) -> PlannedCommand:
         argv = router_command(
-            self._router_options, self._ports["router"], self._ports["router_metrics"],
-            self._router_worker_url("prefill"), self._ports["bootstrap"], self._router_worker_url("decode"),
+            self._router_options,
+            self._ports["router"],
+            self._ports["router_metrics"],
+            self._router_worker_url("prefill"),
+            self._ports["bootstrap"],
+            self._router_worker_url("decode"),
             host=self._hosts["router"],
         )
-        return PlannedCommand("router", "router", argv, self.log_dir / "router.log", ROUTER_ENV,
-                              ready_url=self.router_url + "/readiness")
+        return PlannedCommand(
+            "router", "router", argv, self.log_dir / "router.log", ROUTER_ENV, ready_url=self.router_url + "/readiness"
+        )
 
     def _start_router(self) -> None:
         self.procs["router"] = self.launcher.launch(self._router_command())
@@ -300,13 +348,17 @@ def _wait_proxy_ready(proc: ProcessHandle, timeout_s: float) -> dict[str, Any]:
         for line in text.splitlines():
             if line.startswith("{"):
                 try:
-                    ready = json.loads(line)
+                    ready: dict[str, Any] = json.loads(line)  # a line that opens with { is an object
                 except ValueError:
                     continue
                 if ready.get("pid") == proc.pid and ready.get("listen") and ready.get("control"):
                     return ready
         if not proc.alive():
             error = PortTaken if says_port_taken(text) else RuntimeError  # its bind lost the race
-            raise error(f"{proc.name} exited with code {proc.returncode} before it listened; see its log:\n{proc.read_log()[-2000:]}")
+            raise error(
+                f"{proc.name} exited with code {proc.returncode} before it listened; see its log:\n{proc.read_log()[-2000:]}"
+            )
         time.sleep(0.05)
-    raise TimeoutError(f"{proc.name} did not report its ports within {timeout_s:.0f}s; its log ends:\n{proc.read_log()[-2000:]}")
+    raise TimeoutError(
+        f"{proc.name} did not report its ports within {timeout_s:.0f}s; its log ends:\n{proc.read_log()[-2000:]}"
+    )

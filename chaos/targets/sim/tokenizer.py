@@ -16,7 +16,7 @@ PIECE_CHARS = 4
 _ASCII_FIRST = 0x20  # space
 _ASCII_LAST = 0x7E  # '~'
 _RADIX = _ASCII_LAST - _ASCII_FIRST + 2  # 95 printable + the "no character" digit 0
-ASCII_SPACE = _RADIX**PIECE_CHARS  # ids below this are ASCII pieces
+ASCII_SPACE: int = _RADIX**PIECE_CHARS  # ids below this are ASCII pieces
 UNICODE_BASE = ASCII_SPACE
 EOS_ID = UNICODE_BASE + 0x110000  # past every code point: never produced by tokenize()
 

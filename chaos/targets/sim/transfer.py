@@ -96,7 +96,9 @@ def _parse_write(payload: bytes) -> tuple[np.ndarray, KVSlots]:
 def _parse_done(payload: bytes) -> Done:
     try:
         info = json.loads(payload)
-        return Done(int(info["first_token"]), int(info["num_tokens"]), info.get("checksum"), int(info.get("cached_tokens", 0)))
+        return Done(
+            int(info["first_token"]), int(info["num_tokens"]), info.get("checksum"), int(info.get("cached_tokens", 0))
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise ProtocolViolation(f"bad DONE payload: {exc!r}") from None
 
@@ -202,7 +204,6 @@ async def send_rejection(dest: Destination, room: int, reason: str) -> bool:
         writer.close()
 
 
-
 class SendState(IntEnum):
     IDLE = 0  # nothing sent; will never send once the room is aborted
     CONNECTING = 1
@@ -278,7 +279,11 @@ class KVSender:
                     stopped = True
                     break
                 stop = start + chunk_tokens
-                writer.write(_frame(Kind.WRITE, self.room, _write_payload(dst_slots[start:stop], pool.read(src_slots[start:stop]))))
+                writer.write(
+                    _frame(
+                        Kind.WRITE, self.room, _write_payload(dst_slots[start:stop], pool.read(src_slots[start:stop]))
+                    )
+                )
                 await writer.drain()
                 await asyncio.sleep(len(src_slots[start:stop]) / tokens_per_s)
             if stopped:

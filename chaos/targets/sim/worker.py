@@ -88,16 +88,45 @@ def settings_from_args(args: argparse.Namespace) -> WorkerSettings:
 def command_for(s: WorkerSettings) -> list[str]:
     """The argv that starts a worker with these settings (timeouts travel as SGLang env vars)."""
     argv = [
-        sys.executable, "-m", "chaos.targets.sim.worker",
-        "--disaggregation-mode", s.role, "--host", s.host, "--port", str(s.port),
-        "--disaggregation-bootstrap-port", str(s.bootstrap_port), "--transfer-port", str(s.transfer_port),
-        "--model-path", s.model_path, "--gpu-memory-gb", str(s.gpu_memory_gb),
-        "--mem-fraction-static", str(s.mem_fraction_static), "--weights-gb", str(s.weights_gb),
-        "--kv-bytes-per-token", str(s.kv_bytes_per_token), "--page-size", str(s.page_size),
-        "--context-length", str(s.context_length), "--max-running-requests", str(s.max_running_requests),
-        "--chunked-prefill-size", str(s.chunked_prefill_size), "--prefill-tokens-per-s", str(s.prefill_tokens_per_s),
-        "--decode-step-ms", str(s.decode_step_s * 1000), "--transfer-tokens-per-s", str(s.transfer_tokens_per_s),
-        "--log-level", s.log_level,
+        sys.executable,
+        "-m",
+        "chaos.targets.sim.worker",
+        "--disaggregation-mode",
+        s.role,
+        "--host",
+        s.host,
+        "--port",
+        str(s.port),
+        "--disaggregation-bootstrap-port",
+        str(s.bootstrap_port),
+        "--transfer-port",
+        str(s.transfer_port),
+        "--model-path",
+        s.model_path,
+        "--gpu-memory-gb",
+        str(s.gpu_memory_gb),
+        "--mem-fraction-static",
+        str(s.mem_fraction_static),
+        "--weights-gb",
+        str(s.weights_gb),
+        "--kv-bytes-per-token",
+        str(s.kv_bytes_per_token),
+        "--page-size",
+        str(s.page_size),
+        "--context-length",
+        str(s.context_length),
+        "--max-running-requests",
+        str(s.max_running_requests),
+        "--chunked-prefill-size",
+        str(s.chunked_prefill_size),
+        "--prefill-tokens-per-s",
+        str(s.prefill_tokens_per_s),
+        "--decode-step-ms",
+        str(s.decode_step_s * 1000),
+        "--transfer-tokens-per-s",
+        str(s.transfer_tokens_per_s),
+        "--log-level",
+        s.log_level,
     ]
     if s.served_model_name:
         argv += ["--served-model-name", s.served_model_name]
@@ -138,22 +167,40 @@ def configure_logging(level: str) -> None:
 
 def log_startup(s: WorkerSettings) -> None:
     kv_gb = s.pool_tokens * s.kv_bytes_per_token / 1024**3
-    # SGLang prints its ServerArgs dataclass repr; our readers (chaos/facts.py) parse that form.
+    # SGLang prints its ServerArgs dataclass repr; our readers (chaos/facts/log_facts.py) parse that form.
     args = {
-        "model_path": s.model_path, "served_model_name": s.model_name, "host": s.host, "port": s.port,
-        "mem_fraction_static": s.mem_fraction_static, "max_total_tokens": s.max_total_tokens,
-        "context_length": s.context_length, "page_size": s.page_size, "tp_size": 1, "dp_size": 1,
-        "disaggregation_mode": s.role, "disaggregation_bootstrap_port": s.bootstrap_port,
+        "model_path": s.model_path,
+        "served_model_name": s.model_name,
+        "host": s.host,
+        "port": s.port,
+        "mem_fraction_static": s.mem_fraction_static,
+        "max_total_tokens": s.max_total_tokens,
+        "context_length": s.context_length,
+        "page_size": s.page_size,
+        "tp_size": 1,
+        "dp_size": 1,
+        "disaggregation_mode": s.role,
+        "disaggregation_bootstrap_port": s.bootstrap_port,
         "disaggregation_enable_kv_checksum": s.kv_checksum,
     }
     if s.defects:
         log.warning("DEFECTS ON: %s (this engine is broken on purpose)", ", ".join(s.defects))
     log.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in args.items()))
-    log.info("KV Cache is allocated. dtype: torch.bfloat16, #tokens: %d, K size: %.2f GB, V size: %.2f GB", s.pool_tokens, kv_gb / 2, kv_gb / 2)
+    log.info(
+        "KV Cache is allocated. dtype: torch.bfloat16, #tokens: %d, K size: %.2f GB, V size: %.2f GB",
+        s.pool_tokens,
+        kv_gb / 2,
+        kv_gb / 2,
+    )
     log.info("Memory pool end. avail mem=%.2f GB", s.available_gpu_mem_gb)
     log.info(
         "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=%d, max_running_requests=%d, context_len=%d, available_gpu_mem=%.2f GB",
-        s.pool_tokens, s.chunked_prefill_size, s.chunked_prefill_size, s.max_running_requests, s.context_length, s.available_gpu_mem_gb,
+        s.pool_tokens,
+        s.chunked_prefill_size,
+        s.chunked_prefill_size,
+        s.max_running_requests,
+        s.context_length,
+        s.available_gpu_mem_gb,
     )
 
 
@@ -173,7 +220,9 @@ async def serve(settings: WorkerSettings) -> None:
         await web.TCPSite(bootstrap, settings.host, settings.bootstrap_port).start()
         runners.append(bootstrap)
     # handler_cancellation: a client that hangs up cancels its handler, which aborts the request.
-    http = web.AppRunner(WorkerApi(engine).app(), access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
+    http = web.AppRunner(
+        WorkerApi(engine).app(), access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S
+    )
     await http.setup()
     await web.TCPSite(http, settings.host, settings.port).start()
     runners.append(http)

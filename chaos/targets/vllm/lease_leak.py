@@ -86,16 +86,22 @@ def leak_spec(model_dir: Path, venv: str = ".venv-vllm") -> VllmSpec:
 
 def reproduce(stack: VllmStack, words: list[str], timeout_s: float = 120.0) -> LeaseLeak:
     """Steps 1-4 of the module's docstring on a started pair serving the telltale model."""
-    own, b_words = words[1], words[2:2 + B_REQUESTS]
+    own, b_words = words[1], words[2 : 2 + B_REQUESTS]
     result = LeaseLeak(own=own, status=0, reply="", named=[], others={w: f"B{i}" for i, w in enumerate(b_words)})
     decode = stack.processes("decode")
     reply_a: dict[str, object] = {}
 
     def send_a() -> None:
-        body = {"model": stack.spec.served_model_name, "prompt": prompt(own, A_FILLER), "max_tokens": REPLY_TOKENS,
-                "temperature": 0}
+        body = {
+            "model": stack.spec.served_model_name,
+            "prompt": prompt(own, A_FILLER),
+            "max_tokens": REPLY_TOKENS,
+            "temperature": 0,
+        }
         try:
-            response = httpx.post(f"{stack.router_url}/v1/completions", json=body, timeout=timeout_s + 120, trust_env=False)
+            response = httpx.post(
+                f"{stack.router_url}/v1/completions", json=body, timeout=timeout_s + 120, trust_env=False
+            )
             reply_a["status"], reply_a["body"] = response.status_code, response.text
         except httpx.HTTPError as exc:
             reply_a["error"] = repr(exc)
@@ -116,11 +122,18 @@ def reproduce(stack: VllmStack, words: list[str], timeout_s: float = 120.0) -> L
         per_b = (pool_tokens - 2 * PAGE) // B_REQUESTS  # together: every free block but the last
         filler = max(1, per_b * (PAGE - 2) // PAGE - 2)
         for i, word in enumerate(b_words):  # step 3, one at a time: each frees its blocks, keeping its KV
-            body = {"model": stack.spec.served_model_name, "prompt": prompt(word, filler), "max_tokens": 1, "temperature": 0}
-            response = httpx.post(f"{stack.worker_url('prefill')}/v1/completions", json=body, timeout=timeout_s,
-                                  trust_env=False)
-            result.other_replies[f"B{i}"] = response.json()["choices"][0]["text"] if response.status_code == 200 \
-                else f"HTTP {response.status_code}"
+            body = {
+                "model": stack.spec.served_model_name,
+                "prompt": prompt(word, filler),
+                "max_tokens": 1,
+                "temperature": 0,
+            }
+            response = httpx.post(
+                f"{stack.worker_url('prefill')}/v1/completions", json=body, timeout=timeout_s, trust_env=False
+            )
+            result.other_replies[f"B{i}"] = (
+                response.json()["choices"][0]["text"] if response.status_code == 200 else f"HTTP {response.status_code}"
+            )
     finally:
         for proc in decode:  # step 4
             proc.signal_group(signal.SIGCONT)
@@ -128,8 +141,8 @@ def reproduce(stack: VllmStack, words: list[str], timeout_s: float = 120.0) -> L
     if "error" in reply_a or "status" not in reply_a:
         raise TargetError(f"request A got no reply: {reply_a.get('error', 'timed out')}")
     result.status = int(reply_a["status"])  # type: ignore[call-overload]
-    body = str(reply_a["body"])
-    result.reply = json.loads(body)["choices"][0]["text"] if result.status == 200 else body[:300]
+    reply_body = str(reply_a["body"])
+    result.reply = json.loads(reply_body)["choices"][0]["text"] if result.status == 200 else reply_body[:300]
     result.named = read_reply(result.reply, words)
     return result
 
@@ -137,16 +150,26 @@ def reproduce(stack: VllmStack, words: list[str], timeout_s: float = 120.0) -> L
 def ensure_model(model_dir: Path, python: Path) -> None:
     if (model_dir / "telltale.json").exists():
         return
-    built = subprocess.run([str(python), str(TELLTALE_BUILDER), str(model_dir)], capture_output=True, text=True,
-                           timeout=600, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    built = subprocess.run(
+        [str(python), str(TELLTALE_BUILDER), str(model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     if built.returncode != 0:
         raise TargetError(f"building the telltale model failed: {built.stderr[-2000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chaos.targets.vllm.lease_leak", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m chaos.targets.vllm.lease_leak", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--venv", default=".venv-vllm", help="the vLLM venv (`make vllm-env`)")
-    parser.add_argument("--model", type=Path, help="a built telltale model (default: VENV/models/telltale, built if missing)")
+    parser.add_argument(
+        "--model", type=Path, help="a built telltale model (default: VENV/models/telltale, built if missing)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     venv = (REPO / args.venv) if not Path(args.venv).is_absolute() else Path(args.venv)
@@ -167,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({**asdict(result), "leaked": result.leaked}, indent=2))
     else:
         print(f"A (own word {result.own!r}): HTTP {result.status}, reply {result.reply!r}")
-        print("LEAK: A's reply names " + ", ".join(f"{w!r} ({result.others[w]})" for w in result.leaked)
-              if result.leaked else "no leak: A's reply names no other request")
+        print(
+            "LEAK: A's reply names " + ", ".join(f"{w!r} ({result.others[w]})" for w in result.leaked)
+            if result.leaked
+            else "no leak: A's reply names no other request"
+        )
     return 1 if result.leaked else 0
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 
+from chaos.process import group_members
 from chaos.targets.vllm.spec import VllmSpec
 from chaos.targets.vllm.stack import VllmStack
-from faults.undo import group_members
 
 PROMPT = "pdchaos measures the vLLM pair with a prompt of a few hundred tokens. " * 40
 
@@ -62,8 +62,10 @@ def latencies(url: str, count: int, max_tokens: int = 16) -> tuple[list[float], 
     with httpx.Client(timeout=120.0, trust_env=False) as client:
         for i in range(count):
             started = time.monotonic()
-            response = client.post(f"{url}/v1/completions", json={"prompt": f"{i} {PROMPT}", "max_tokens": max_tokens,
-                                                                  "temperature": 0, "ignore_eos": True})
+            response = client.post(
+                f"{url}/v1/completions",
+                json={"prompt": f"{i} {PROMPT}", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+            )
             response.raise_for_status()
             times.append(time.monotonic() - started)
             prompt_tokens = response.json()["usage"]["prompt_tokens"]
@@ -72,8 +74,12 @@ def latencies(url: str, count: int, max_tokens: int = 16) -> tuple[list[float], 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--delay-us", type=int, default=VllmSpec().nixl_progress_delay_us,
-                        help="NIXL pthrDelay (0 = NIXL's own default, a busy-polling progress thread)")
+    parser.add_argument(
+        "--delay-us",
+        type=int,
+        default=VllmSpec().nixl_progress_delay_us,
+        help="NIXL pthrDelay (0 = NIXL's own default, a busy-polling progress thread)",
+    )
     parser.add_argument("--idle-s", type=float, default=20.0)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--out", type=Path, default=None)
@@ -91,12 +97,19 @@ def main() -> None:
         pd, tokens = latencies(stack.router_url, args.requests)
         alone, _ = latencies(stack.worker_url("decode"), args.requests)
         result = {
-            "nixl_pthr_delay_us": args.delay_us, "ready_s": round(ready_s, 1),
+            "nixl_pthr_delay_us": args.delay_us,
+            "ready_s": round(ready_s, 1),
             "startup_s": {k: round(v, 1) for k, v in stack.startup_s.items()},
-            "rss_mib": rss, "rss_total_mib": sum(rss.values()),
+            "rss_mib": rss,
+            "rss_total_mib": sum(rss.values()),
             f"idle_cpu_pct_of_one_core_engines_{args.idle_s:g}s": round(idle, 1),
-            "prompt_tokens": tokens, "max_tokens": 16,
-            "pd_latency_s": {"median": round(statistics.median(pd), 3), "min": round(min(pd), 3), "max": round(max(pd), 3)},
+            "prompt_tokens": tokens,
+            "max_tokens": 16,
+            "pd_latency_s": {
+                "median": round(statistics.median(pd), 3),
+                "min": round(min(pd), 3),
+                "max": round(max(pd), 3),
+            },
             "decode_alone_latency_s": {"median": round(statistics.median(alone), 3), "min": round(min(alone), 3)},
             "load_average": os.getloadavg(),
         }

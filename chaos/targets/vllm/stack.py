@@ -95,8 +95,10 @@ class VllmStack(LaunchedStack):
         self.spec = spec
         self.dialect = VllmDialect(dev_mode=spec.server_dev_mode)
         self.settings: dict[str, RoleSettings] = {
-            role: RoleSettings(getattr(spec, role).max_model_len or spec.max_model_len,
-                               getattr(spec, role).kv_cache_bytes or spec.kv_cache_bytes)
+            role: RoleSettings(
+                getattr(spec, role).max_model_len or spec.max_model_len,
+                getattr(spec, role).kv_cache_bytes or spec.kv_cache_bytes,
+            )
             for role in ROLES
         }
         self._hosts = {role: self.launcher.host(role) for role in (*ROLES, "router")}
@@ -139,26 +141,54 @@ class VllmStack(LaunchedStack):
 
         router = pick("router", 2)
         prefill, decode = pick("prefill", 2), pick("decode", 2)
-        return Ports(router=router[0], router_metrics=router[1], http={"prefill": prefill[0], "decode": decode[0]},
-                     side_channel={"prefill": prefill[1], "decode": decode[1]})
+        return Ports(
+            router=router[0],
+            router_metrics=router[1],
+            http={"prefill": prefill[0], "decode": decode[0]},
+            side_channel={"prefill": prefill[1], "decode": decode[1]},
+        )
 
     def engine_command(self, role: str) -> PlannedCommand:
         s, spec, host = self.settings[role], self.spec, self._hosts[role]
-        kv_config: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_role": KV_ROLE[role], "kv_buffer_device": "cpu"}
+        kv_config: dict[str, Any] = {
+            "kv_connector": "NixlConnector",
+            "kv_role": KV_ROLE[role],
+            "kv_buffer_device": "cpu",
+        }
         if spec.kv_lease_s is not None:
             kv_config["kv_connector_extra_config"] = {"kv_lease_duration": spec.kv_lease_s}
-        argv = [str(self.venv_python), str(ENGINE_SCRIPT), "--model", str(self.model_dir),
-                "--served-model-name", *dict.fromkeys((spec.served_model_name, DEFAULT_MODEL_ALIAS)), "--host", host, "--port", str(self.ports.http[role]),
-                "--max-model-len", str(s.max_model_len), "--dtype", "bfloat16",
-                "--kv-cache-memory-bytes", str(s.kv_cache_bytes), "--kv-transfer-config", json.dumps(kv_config),
-                "--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching",
-                "--enable-log-requests",  # at INFO: ids and params, no prompts; and "Request X aborted."
-                "--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens: prefix-cache reuse
+        argv = [
+            str(self.venv_python),
+            str(ENGINE_SCRIPT),
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            *dict.fromkeys((spec.served_model_name, DEFAULT_MODEL_ALIAS)),
+            "--host",
+            host,
+            "--port",
+            str(self.ports.http[role]),
+            "--max-model-len",
+            str(s.max_model_len),
+            "--dtype",
+            "bfloat16",
+            "--kv-cache-memory-bytes",
+            str(s.kv_cache_bytes),
+            "--kv-transfer-config",
+            json.dumps(kv_config),
+            "--enable-prefix-caching" if spec.prefix_caching else "--no-enable-prefix-caching",
+            "--enable-log-requests",  # at INFO: ids and params, no prompts; and "Request X aborted."
+            "--enable-prompt-tokens-details",
+        ]  # usage.prompt_tokens_details.cached_tokens: prefix-cache reuse
         if spec.enforce_eager:
             argv.append("--enforce-eager")
         env = {
-            "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "VLLM_NIXL_SIDE_CHANNEL_HOST": host, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.ports.side_channel[role]),
+            "HF_HUB_OFFLINE": "1",
+            "HF_ENDPOINT": "http://127.0.0.1:9",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_NIXL_SIDE_CHANNEL_HOST": host,
+            "VLLM_NIXL_SIDE_CHANNEL_PORT": str(self.ports.side_channel[role]),
             "PDCHAOS_NIXL_PTHR_DELAY_US": str(spec.nixl_progress_delay_us),
         }
         if spec.server_dev_mode:
@@ -172,13 +202,38 @@ class VllmStack(LaunchedStack):
     def router_command(self) -> PlannedCommand:
         host, ports = self._hosts["router"], self.ports
         # Retries and the circuit breaker would hide faults from the suite: off.
-        argv = [str(self.venv_python), "-m", "vllm_router.launch_router", "--host", host, "--port", str(ports.router),
-                "--vllm-pd-disaggregation", "--kv-connector", "nixl",
-                "--prefill", self.worker_url("prefill"), "--decode", self.worker_url("decode"),
-                "--prometheus-host", host, "--prometheus-port", str(ports.router_metrics),
-                "--disable-retries", "--disable-circuit-breaker", "--worker-startup-check-interval", "1",
-                "--health-check-interval-secs", str(ROUTER_HEALTH_INTERVAL_S), "--health-failure-threshold", "2",
-                "--health-success-threshold", "1", "--request-timeout-secs", "300"]
+        argv = [
+            str(self.venv_python),
+            "-m",
+            "vllm_router.launch_router",
+            "--host",
+            host,
+            "--port",
+            str(ports.router),
+            "--vllm-pd-disaggregation",
+            "--kv-connector",
+            "nixl",
+            "--prefill",
+            self.worker_url("prefill"),
+            "--decode",
+            self.worker_url("decode"),
+            "--prometheus-host",
+            host,
+            "--prometheus-port",
+            str(ports.router_metrics),
+            "--disable-retries",
+            "--disable-circuit-breaker",
+            "--worker-startup-check-interval",
+            "1",
+            "--health-check-interval-secs",
+            str(ROUTER_HEALTH_INTERVAL_S),
+            "--health-failure-threshold",
+            "2",
+            "--health-success-threshold",
+            "1",
+            "--request-timeout-secs",
+            "300",
+        ]
         env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"}
         return PlannedCommand("router", "router", argv, self.log_dir / "router.log", env, f"{self.router_url}/health")
 
@@ -234,8 +289,11 @@ class VllmStack(LaunchedStack):
             except RuntimeError as exc:  # the engines' own sockets may take a port after it was picked
                 if attempt + 1 == BIND_RETRIES or not _lost_port(exc):
                     raise
-                router, metrics = (low_ports(self._hosts["router"], 2, self._rng) if isinstance(self.launcher, LocalLauncher)
-                                   else [self.launcher.free_port("router") for _ in range(2)])
+                router, metrics = (
+                    low_ports(self._hosts["router"], 2, self._rng)
+                    if isinstance(self.launcher, LocalLauncher)
+                    else [self.launcher.free_port("router") for _ in range(2)]
+                )
                 self._ports = dataclasses.replace(self.ports, router=router, router_metrics=metrics)
         self._await_router_sees("router")
         self.startup_s["router"] = time.monotonic() - started
@@ -294,15 +352,20 @@ class VllmStack(LaunchedStack):
             elif key == "max_total_tokens":
                 per_token = self.bytes_per_token.get(role)
                 if per_token is None:
-                    raise TargetError(f"{role}: its KV bytes per token are unknown (no vllm:cache_config_info), "
-                                      "so max_total_tokens cannot be turned into --kv-cache-memory-bytes")
+                    raise TargetError(
+                        f"{role}: its KV bytes per token are unknown (no vllm:cache_config_info), "
+                        "so max_total_tokens cannot be turned into --kv-cache-memory-bytes"
+                    )
                 changed.kv_cache_bytes = round(int(value) * per_token)
             elif key == "mem_fraction_static":
-                raise TargetError("mem_fraction_static: vLLM on CPU sizes its KV cache in bytes "
-                                  "(--kv-cache-memory-bytes); change max_total_tokens instead")
+                raise TargetError(
+                    "mem_fraction_static: vLLM on CPU sizes its KV cache in bytes "
+                    "(--kv-cache-memory-bytes); change max_total_tokens instead"
+                )
             else:
-                raise TargetError(f"{role}: cannot change {key!r} on the vLLM pair; "
-                                  "it takes context_length, max_total_tokens and env")
+                raise TargetError(
+                    f"{role}: cannot change {key!r} on the vLLM pair; it takes context_length, max_total_tokens and env"
+                )
         return changed
 
     def _await_router_sees(self, role: str) -> None:
@@ -323,8 +386,10 @@ class VllmStack(LaunchedStack):
     def endpoints(self) -> Endpoints:
         return Endpoints(
             router_url=self.router_url,
-            workers=(WorkerEndpoint("prefill", self.worker_url("prefill"), self.ports.side_channel["prefill"]),
-                     WorkerEndpoint("decode", self.worker_url("decode"))),
+            workers=(
+                WorkerEndpoint("prefill", self.worker_url("prefill"), self.ports.side_channel["prefill"]),
+                WorkerEndpoint("decode", self.worker_url("decode")),
+            ),
             router_metrics_url=self._url("router", self.ports.router_metrics) + "/metrics",
         )
 
@@ -348,7 +413,9 @@ class VllmStack(LaunchedStack):
 
     def _state_extra(self) -> dict[str, Any]:
         return {
-            "commands": [{"name": c.name, "placement": self.launcher.placement(c.role), "shell": c.shell()} for c in self.plan()],
+            "commands": [
+                {"name": c.name, "placement": self.launcher.placement(c.role), "shell": c.shell()} for c in self.plan()
+            ],
             "settings": {role: dataclasses.asdict(s) for role, s in self.settings.items()},
             "startup_s": self.startup_s,
             "restarts": self.restarts,

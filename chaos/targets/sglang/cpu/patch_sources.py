@@ -46,23 +46,32 @@ CONDITIONS = (
         name="prefill: pinned host KV indices only for CUDA tensors",
         path="srt/disaggregation/prefill.py",
         old='            if getattr(sender, "supports_host_tensor_indices", False) and not (\n',
-        new=('            if kv_indices.is_cuda and getattr(sender, "supports_host_tensor_indices", False) and not (  '
-             + MARK + "\n"),
+        new=(
+            '            if kv_indices.is_cuda and getattr(sender, "supports_host_tensor_indices", False) and not (  '
+            + MARK
+            + "\n"
+        ),
         hazard=r"pin_memory=True",
     ),
     Condition(
         name="nixl: KV buffers are DRAM on device cpu",
         path="srt/disaggregation/nixl/conn.py",
-        old=("        self.kv_args.kv_data_mem_kinds = _normalize_kv_mem_kinds(\n"
-             '            getattr(self.kv_args, "kv_data_mem_kinds", None),\n'
-             "            len(self.kv_args.kv_data_ptrs),\n"
-             "        )\n"),
-        new=("        self.kv_args.kv_data_mem_kinds = _normalize_kv_mem_kinds(\n"
-             '            getattr(self.kv_args, "kv_data_mem_kinds", None),\n'
-             "            len(self.kv_args.kv_data_ptrs),\n"
-             "        )\n"
-             '        self.kv_args.kv_data_mem_kinds = ["DRAM"] * len(self.kv_args.kv_data_mem_kinds) if '
-             'str(getattr(server_args, "device", "")).split(":")[0] == "cpu" else self.kv_args.kv_data_mem_kinds  ' + MARK + "\n"),
+        old=(
+            "        self.kv_args.kv_data_mem_kinds = _normalize_kv_mem_kinds(\n"
+            '            getattr(self.kv_args, "kv_data_mem_kinds", None),\n'
+            "            len(self.kv_args.kv_data_ptrs),\n"
+            "        )\n"
+        ),
+        new=(
+            "        self.kv_args.kv_data_mem_kinds = _normalize_kv_mem_kinds(\n"
+            '            getattr(self.kv_args, "kv_data_mem_kinds", None),\n'
+            "            len(self.kv_args.kv_data_ptrs),\n"
+            "        )\n"
+            '        self.kv_args.kv_data_mem_kinds = ["DRAM"] * len(self.kv_args.kv_data_mem_kinds) if '
+            'str(getattr(server_args, "device", "")).split(":")[0] == "cpu" else self.kv_args.kv_data_mem_kinds  '
+            + MARK
+            + "\n"
+        ),
         hazard=r'"VRAM"',
     ),
 )
@@ -89,10 +98,16 @@ def assess(package: Path, condition: Condition) -> tuple[Outcome, str | None]:
     if found > 1:
         return Outcome(condition, "error", f"SGLang's text occurs {found} times in {path}; expected once"), None
     if re.search(condition.hazard, text) is None:
-        return Outcome(condition, "not-needed", f"{path} has no {condition.hazard!r}: this version needs no change"), None
-    return Outcome(condition, "error", f"{path} still has {condition.hazard!r} but not the text this condition was "
-                                       "written against: read that code and update chaos/targets/sglang/cpu/"
-                                       "patch_sources.py for this SGLang version"), None
+        return Outcome(
+            condition, "not-needed", f"{path} has no {condition.hazard!r}: this version needs no change"
+        ), None
+    return Outcome(
+        condition,
+        "error",
+        f"{path} still has {condition.hazard!r} but not the text this condition was "
+        "written against: read that code and update chaos/targets/sglang/cpu/"
+        "patch_sources.py for this SGLang version",
+    ), None
 
 
 def sglang_package() -> Path:
@@ -113,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"patch_sources: {outcome.state:10} {outcome.condition.name}: {outcome.detail}")
     errors = [o for o, _ in assessed if o.state == "error"]
     if errors:
-        print(f"patch_sources: FAILED, {len(errors)} condition(s) cannot be applied to {package}; no file was changed",
-              file=sys.stderr)
+        print(
+            f"patch_sources: FAILED, {len(errors)} condition(s) cannot be applied to {package}; no file was changed",
+            file=sys.stderr,
+        )
         return 1
     pending = [(o, text) for o, text in assessed if o.state == "patch"]
     if args.check:

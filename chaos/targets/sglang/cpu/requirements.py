@@ -18,12 +18,33 @@ from importlib import metadata
 # Distribution names (normalised) that only make sense with CUDA, or that SGLang imports only on
 # GPU paths. A name missing here is installed; a CUDA-only one that slips through shows as an
 # install or import error in `make sglang-env`, never as a silent difference.
-CUDA_ONLY = frozenset({
-    "apache-tvm-ffi", "cuda-python", "flash-attn-4", "flashinfer-python", "humming-kernels", "kernels",
-    "numba", "nvidia-cutlass-dsl", "nvidia-mathdx", "nvshmem4py-cu13", "nvshmem4py-cu12", "quack-kernels",
-    "sgl-deep-ep", "sgl-deep-gemm", "sgl-flash-mla", "sgl-kernel", "sglang-kernel", "tilelang",
-    "torch-memory-saver", "torchaudio", "torchcodec", "cuda-tile", "tokenspeed-mla",
-})
+CUDA_ONLY = frozenset(
+    {
+        "apache-tvm-ffi",
+        "cuda-python",
+        "flash-attn-4",
+        "flashinfer-python",
+        "humming-kernels",
+        "kernels",
+        "numba",
+        "nvidia-cutlass-dsl",
+        "nvidia-mathdx",
+        "nvshmem4py-cu13",
+        "nvshmem4py-cu12",
+        "quack-kernels",
+        "sgl-deep-ep",
+        "sgl-deep-gemm",
+        "sgl-flash-mla",
+        "sgl-kernel",
+        "sglang-kernel",
+        "tilelang",
+        "torch-memory-saver",
+        "torchaudio",
+        "torchcodec",
+        "cuda-tile",
+        "tokenspeed-mla",
+    }
+)
 ALWAYS_UNPINNED = frozenset({"torchvision"})
 # `torch==2.13.0` also matches a local `2.13.0+cpu` build, which a machine may offer from its own
 # wheel folder; torchvision's operators (which SGLang imports when it reads a model config) do not
@@ -67,9 +88,12 @@ def main() -> int:
         print("requirements.py: sglang is not installed in this interpreter", file=sys.stderr)
         return 1
     wanted = cpu_requirements(declared)
-    if not any(normalise(_NAME.match(w).group(1)) == "torch" and "===" in w for w in wanted if _NAME.match(w)):
-        print(f"requirements.py: sglang {metadata.version('sglang')} declares no pinned torch; "
-              "check its requirements by hand before installing", file=sys.stderr)
+    if not any(normalise(m.group(1)) == "torch" and "===" in w for w in wanted if (m := _NAME.match(w))):
+        print(
+            f"requirements.py: sglang {metadata.version('sglang')} declares no pinned torch; "
+            "check its requirements by hand before installing",
+            file=sys.stderr,
+        )
         return 1
     print("\n".join(wanted))
     return 0

@@ -27,6 +27,7 @@ def request_tile_state() -> bool:
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return False
     try:
-        return ctypes.CDLL(None, use_errno=True).syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+        status: int = ctypes.CDLL(None, use_errno=True).syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+        return status == 0
     except (OSError, AttributeError):
         return False

@@ -1,0 +1,281 @@
+"""Canary markers: self-attributing codes planted in prompts, and the scan that finds them.
+
+A marker names its owner: the run, the request's sequence number in the run, a slot (head or tail
+of the prompt) and a check code. So one scan of a response, knowing nothing about which requests
+are in flight, tells whose content it carries. A marker owned by another request is a leak.
+
+Format (17 characters, upper case and digits only)::
+
+    UUL  K7QX  00002B  1  9F3
+    |    |     |       |  check: 3 chars of a keyed hash over run + id + slot
+    |    |     |       slot: 1 char
+    |    |     owner request index: 6 chars, fixed width
+    |    run prefix: 4 chars
+    sentinel
+
+The body (everything after the sentinel) uses Crockford's base32 alphabet, which has no I, L, O or
+U; the sentinel is made only of those letters. So a sentinel can never occur inside a body: the
+scan needs no backtracking, and two markers written back to back never merge. The scan is
+case-sensitive and markers are upper case, which keeps them clear of ordinary lower-case prose.
+
+A KV leak moves whole pages, so a leaked marker is often cut at a page boundary. The scan reports
+such *fragments* too: a sentinel with a prefix of the body, or a body tail that still starts with
+this run's prefix (the sentinel fell on the other page) and carries the full owner id.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+
+SENTINEL = "UUL"
+ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford base32: no I, L, O, U
+_BODY_CHAR = "[0-9A-HJKMNP-TV-Z]"
+
+RUN_WIDTH = 4
+ID_WIDTH = 6  # 32**6 ~ 1.07e9 requests: a 1000 req/s soak runs for 12 days
+SLOT_WIDTH = 1
+CHECK_WIDTH = 3  # 1 in 32768 random bodies pass the check
+
+_ID_END = RUN_WIDTH + ID_WIDTH
+_SLOT_END = _ID_END + SLOT_WIDTH
+BODY_WIDTH = _SLOT_END + CHECK_WIDTH
+MARKER_WIDTH = len(SENTINEL) + BODY_WIDTH
+
+MAX_REQUEST_INDEX: int = len(ALPHABET) ** ID_WIDTH - 1
+MAX_SLOT: int = len(ALPHABET) ** SLOT_WIDTH - 1
+
+# Not a secret: the key only separates this hash from any other use of blake2b, so that every run
+# (and every later reader of an old journal) can verify any run's markers.
+_CHECK_KEY = b"pdchaos/canary/v1"
+
+assert not set(SENTINEL) & set(ALPHABET), "a sentinel letter inside a body breaks the scan"
+
+
+class HitKind(str, enum.Enum):
+    WHOLE = "whole"  # all 17 characters present (the check may still fail: a mixed marker)
+    FRAGMENT = "fragment"
+
+
+@dataclass(frozen=True)
+class Marker:
+    run_prefix: str
+    request_index: int
+    slot: int
+
+    @property
+    def text(self) -> str:
+        return encode_marker(self.run_prefix, self.request_index, self.slot)
+
+
+@dataclass(frozen=True)
+class MarkerHit:
+    """One marker or fragment found in a text.
+
+    `request_index` and `slot` are those of run `run_prefix`; for a foreign run they are that
+    run's numbers, never one of ours. They are None when the fragment is cut before them.
+    """
+
+    text: str
+    offset: int
+    kind: HitKind
+    body: str  # the visible characters after the sentinel position, run prefix first
+    run_prefix: str | None
+    request_index: int | None
+    slot: int | None
+    verified: bool  # the full check code is present and matches
+    foreign_run: bool
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.text)
+
+    def could_be_owned_by(self, run_prefix: str, request_index: int) -> bool:
+        """Whether the visible characters agree with that request's markers (any slot)."""
+        if self.run_prefix != run_prefix:
+            return False
+        seen_id = self.body[RUN_WIDTH:_ID_END]
+        return _encode_int(request_index, ID_WIDTH).startswith(seen_id)
+
+
+def _encode_int(value: int, width: int) -> str:
+    chars = []
+    for _ in range(width):
+        value, digit = divmod(value, len(ALPHABET))
+        chars.append(ALPHABET[digit])
+    if value:
+        raise ValueError(f"{value} does not fit in {width} base32 characters")
+    return "".join(reversed(chars))
+
+
+# Crockford digits to the ones int(..., 32) reads, so decoding runs in C.
+_TO_STANDARD_BASE32 = str.maketrans(ALPHABET, "0123456789ABCDEFGHIJKLMNOPQRSTUV")
+
+
+def _decode_int(text: str) -> int:
+    return int(text.translate(_TO_STANDARD_BASE32), 32)
+
+
+def _check_of(payload: str) -> str:
+    """The check characters for a body's run + id + slot characters."""
+    digest = hashlib.blake2b(payload.encode("ascii"), key=_CHECK_KEY, digest_size=8).digest()
+    return _encode_int(int.from_bytes(digest, "big") % len(ALPHABET) ** CHECK_WIDTH, CHECK_WIDTH)
+
+
+def validate_run_prefix(run_prefix: str) -> str:
+    """A run prefix is 4 base32 characters, at least one digit and one letter, not periodic.
+
+    A tail fragment is found by the run prefix alone, so a word or a year ("TEST", "2026") would
+    match ordinary text; and a prefix that overlaps itself ("A1A1") could hide one occurrence
+    inside another, which the scan relies on not happening.
+    """
+    if (
+        len(run_prefix) != RUN_WIDTH
+        or any(c not in ALPHABET for c in run_prefix)
+        or not any(c.isdigit() for c in run_prefix)
+        or not any(c.isalpha() for c in run_prefix)
+        or any(run_prefix[k:] == run_prefix[:-k] for k in range(1, RUN_WIDTH))
+    ):
+        raise ValueError(
+            f"run prefix {run_prefix!r}: need {RUN_WIDTH} characters of {ALPHABET} with at "
+            "least one digit and one letter, not overlapping itself (new_run_prefix() makes one)"
+        )
+    return run_prefix
+
+
+def new_run_prefix() -> str:
+    """A fresh random run prefix."""
+    while True:
+        candidate = "".join(secrets.choice(ALPHABET) for _ in range(RUN_WIDTH))
+        try:
+            return validate_run_prefix(candidate)
+        except ValueError:
+            continue
+
+
+def encode_marker(run_prefix: str, request_index: int, slot: int = 0) -> str:
+    if not 0 <= request_index <= MAX_REQUEST_INDEX:
+        raise ValueError(f"request index {request_index} outside 0..{MAX_REQUEST_INDEX}")
+    if not 0 <= slot <= MAX_SLOT:
+        raise ValueError(f"slot {slot} outside 0..{MAX_SLOT}")
+    payload = validate_run_prefix(run_prefix) + _encode_int(request_index, ID_WIDTH) + _encode_int(slot, SLOT_WIDTH)
+    return SENTINEL + payload + _check_of(payload)
+
+
+class MarkerCodec:
+    """Markers of one run, and the scan that finds markers of any run in a text.
+
+    `min_fragment_body`: a sentinel followed by fewer body characters is not reported. The
+    default, 4, is the run prefix: a shorter fragment cannot even say which run it came from.
+    """
+
+    def __init__(self, run_prefix: str, *, min_fragment_body: int = RUN_WIDTH) -> None:
+        self.run_prefix = validate_run_prefix(run_prefix)
+        if not 1 <= min_fragment_body <= BODY_WIDTH:
+            raise ValueError(f"min_fragment_body must be in 1..{BODY_WIDTH}")
+        self.min_fragment_body = min_fragment_body
+        # Two compiled patterns, independent of how many markers are in flight. Each starts with
+        # a literal, which lets the regex engine skip ahead to it (about 1 ms per MB); one
+        # alternation of both has no literal prefix and scans 30 times slower.
+        self._head = re.compile(f"{SENTINEL}({_BODY_CHAR}{{{min_fragment_body},{BODY_WIDTH}}})")
+        self._tail = re.compile(f"{run_prefix}{_BODY_CHAR}{{{ID_WIDTH},{BODY_WIDTH - RUN_WIDTH}}}")
+
+    def marker(self, request_index: int, slot: int = 0) -> str:
+        return encode_marker(self.run_prefix, request_index, slot)
+
+    @staticmethod
+    def decode(text: str) -> Marker | None:
+        """The marker `text` is exactly (any run), or None when it is not one or fails its check."""
+        if len(text) != MARKER_WIDTH or not text.startswith(SENTINEL):
+            return None
+        body = text[len(SENTINEL) :]
+        if any(c not in ALPHABET for c in body):
+            return None
+        if body[_SLOT_END:] != _check_of(body[:_SLOT_END]):
+            return None
+        return Marker(
+            run_prefix=body[:RUN_WIDTH],
+            request_index=_decode_int(body[RUN_WIDTH:_ID_END]),
+            slot=_decode_int(body[_ID_END:_SLOT_END]),
+        )
+
+    def scan(self, text: str) -> list[MarkerHit]:
+        """Every marker and fragment in `text`, by offset: two linear passes, one per pattern."""
+        heads = self._scan_heads(text)
+        return sorted(heads + self._scan_tails(text, heads), key=lambda hit: hit.offset)
+
+    def _scan_heads(self, text: str) -> list[MarkerHit]:
+        hits: list[MarkerHit] = []
+        for match in self._head.finditer(text):
+            body = match.group(1)
+            cut = self._cut_point(body)
+            if cut > 0:
+                if cut < self.min_fragment_body:
+                    continue  # the tail pass reports what starts at the cut
+                body = body[:cut]
+            hits.append(self._hit(text, match.start(), match.start(1), body))
+        return hits
+
+    def _scan_tails(self, text: str, heads: list[MarkerHit]) -> list[MarkerHit]:
+        """Bodies that lost their sentinel; a match inside a head hit is that head's own body."""
+        hits: list[MarkerHit] = []
+        pos, next_head = 0, 0
+        while (match := self._tail.search(text, pos)) is not None:
+            start = match.start()
+            while next_head < len(heads) and heads[next_head].end <= start:
+                next_head += 1
+            if next_head < len(heads) and heads[next_head].offset <= start:
+                pos = heads[next_head].end  # a cut head may end before this match does
+                continue
+            body = match.group()
+            cut = self._cut_point(body)
+            if cut > 0:
+                body = body[:cut]
+            pos = start + len(body)
+            if len(body) >= _ID_END:
+                hits.append(self._hit(text, start, start, body))
+        return hits
+
+    def _cut_point(self, body: str) -> int:
+        """Where our run prefix starts again inside an unverified body, else -1.
+
+        Two cut markers back to back ("UULK7QX00" + "K7QX000005...") read as one body that
+        fails its check; ending the first at the second's run prefix lets both be attributed.
+        """
+        if len(body) == BODY_WIDTH and body[_SLOT_END:] == _check_of(body[:_SLOT_END]):
+            return -1
+        return body.find(self.run_prefix, 1)
+
+    def scan_others(self, text: str, owner_index: int) -> list[MarkerHit]:
+        """Hits of this run that cannot be `owner_index`'s own: the leak primitive.
+
+        Includes fragments whose visible id already differs from the owner's, even when too short
+        to name the victim; excludes foreign runs and fragments that may be the owner's own.
+        """
+        return [
+            hit
+            for hit in self.scan(text)
+            if hit.run_prefix == self.run_prefix and not hit.could_be_owned_by(self.run_prefix, owner_index)
+        ]
+
+    def _hit(self, text: str, start: int, body_start: int, body: str) -> MarkerHit:
+        end = body_start + len(body)
+        run = body[:RUN_WIDTH] if len(body) >= RUN_WIDTH else None
+        index = _decode_int(body[RUN_WIDTH:_ID_END]) if len(body) >= _ID_END else None
+        slot = _decode_int(body[_ID_END:_SLOT_END]) if len(body) >= _SLOT_END else None
+        verified = len(body) == BODY_WIDTH and body[_SLOT_END:] == _check_of(body[:_SLOT_END])
+        whole = start < body_start and len(body) == BODY_WIDTH
+        return MarkerHit(
+            text=text[start:end],
+            offset=start,
+            kind=HitKind.WHOLE if whole else HitKind.FRAGMENT,
+            body=body,
+            run_prefix=run,
+            request_index=index,
+            slot=slot,
+            verified=verified,
+            foreign_run=run is not None and run != self.run_prefix,
+        )
