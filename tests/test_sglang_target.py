@@ -668,6 +668,64 @@ def test_readiness_believes_the_log_over_a_health_answer_when_the_port_was_taken
     assert calls == []  # not asked at all
 
 
+@pytest.mark.timeout(60)
+def test_a_role_started_again_is_judged_by_its_own_log_lines_not_by_the_start_before(
+    tmp_path: Path, health_server: tuple[str, list[float]]
+) -> None:
+    """Every start of a role appends to one log. A start that lost its port leaves "address already
+    in use" there; the next start must be judged by the lines it writes itself, or every start after
+    the first lost port fails the same way (CI saw three in a row)."""
+    from chaos.process import PortTaken
+
+    url, calls = health_server
+    port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
+    first_lines = iter(
+        [
+            "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 1): address already in use\n",
+            "INFO:     Application startup complete.\n",
+        ]
+    )
+
+    class Started(FakeProcess):
+        pid = pgid = 4242
+        node = "local"
+
+        def __init__(self, command: PlannedCommand | None = None) -> None:
+            super().__init__()
+            self.log_path = command.log_path if command else tmp_path / "logs" / "prefill.log"
+            if command:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                with self.log_path.open("a") as log:
+                    log.write(next(first_lines))
+
+        def read_log(self) -> str:
+            return self.log_path.read_text() if self.log_path.exists() else ""
+
+        def stop(self, timeout_s: float = 10.0) -> int:
+            self._alive = False
+            return 0
+
+    class Loopback(FakeLauncher):
+        asked = False
+
+        def host(self, role: str) -> str:
+            return "127.0.0.1"
+
+        def free_port(self, role: str) -> int:  # prefill's HTTP port (asked first): the health server's
+            first, self.asked = not self.asked, True
+            return port if first else super().free_port(role)
+
+        def launch(self, command: PlannedCommand) -> Started:  # type: ignore[override]
+            return Started(command)
+
+    stack = SGLangStack(SGLangSpec(model_path="m"), tmp_path, Loopback())  # type: ignore[arg-type]
+    stack.procs["prefill"] = Started()  # the role as it ran before
+    with pytest.raises(PortTaken):
+        stack.restart("prefill")  # the start that lost its port
+    stack.restart("prefill")  # its successor: served, though the log still holds the error above
+    assert len(calls) == 3 and "address already in use" in stack.logs("prefill")
+
+
 def test_ports_chosen_free_never_repeat_one_already_taken(tmp_path: Path) -> None:
     class RepeatingLauncher(FakeLauncher):
         """Hands out 30100 (the campaign's prefill port) and each other port twice, as an OS may."""

@@ -24,16 +24,27 @@ def answered_200(response: httpx.Response) -> bool:
 
 
 def await_health(
-    url: str, timeout_s: float, process: ProcessHandle, ready: Callable[[httpx.Response], bool] = answered_200
+    url: str,
+    timeout_s: float,
+    process: ProcessHandle,
+    ready: Callable[[httpx.Response], bool] = answered_200,
+    log_from: int = 0,
 ) -> None:
     """Return once `url`'s answer is `ready` (by default: 200); RuntimeError with its log tail if
     `process` exits first, PortTaken if its log says it could not bind (checked first: another
-    process may answer)."""
+    process may answer).
+
+    `log_from`: the log's length when `process` was launched. A role's log is appended to by each
+    of its starts, and an earlier start's "address already in use" must not fail this one."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
+
+    def own_log() -> str:
+        return process.read_log()[log_from:]
+
     with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
         while True:
-            tail = process.read_log()[-4000:]
+            tail = own_log()[-4000:]
             # uvicorn says so when the port it was given was taken between choosing it and binding
             # it (a minute of imports on a busy machine): whatever took it may answer in its place.
             if says_port_taken(tail):
@@ -41,7 +52,7 @@ def await_health(
             if not process.alive():
                 raise RuntimeError(
                     f"{process.name} exited with code {process.returncode} before {url} answered; "
-                    f"its log ends:\n{process.read_log()[-3000:]}"
+                    f"its log ends:\n{own_log()[-3000:]}"
                 )
             try:
                 response = client.get(url, timeout=min(REQUEST_TIMEOUT_S, max(1.0, deadline - time.monotonic())))
@@ -56,7 +67,7 @@ def await_health(
                 wanted = "200" if ready is answered_200 else "ready"
                 raise TimeoutError(
                     f"{url} did not answer {wanted} within {timeout_s:.0f}s (last: {last}); "
-                    f"{process.name}'s log ends:\n{process.read_log()[-2000:]}"
+                    f"{process.name}'s log ends:\n{own_log()[-2000:]}"
                 )
             time.sleep(INTERVAL_S)
 
@@ -88,8 +99,12 @@ def _smg_ready(response: httpx.Response) -> bool:
         return False
 
 
-def await_router(router_url: str, front: str, timeout_s: float, process: ProcessHandle) -> None:
+def await_router(router_url: str, front: str, timeout_s: float, process: ProcessHandle, log_from: int = 0) -> None:
     """Return once the router serves both roles (see `router_ready_url`)."""
     await_health(
-        router_ready_url(router_url, front), timeout_s, process, ready=_smg_ready if front == "smg" else answered_200
+        router_ready_url(router_url, front),
+        timeout_s,
+        process,
+        ready=_smg_ready if front == "smg" else answered_200,
+        log_from=log_from,
     )

@@ -23,7 +23,7 @@ from chaos.process import PortTaken
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.dialect import SGLANG
 from chaos.targets.launched import LaunchedStack
-from chaos.targets.launcher import Launcher, PlannedCommand
+from chaos.targets.launcher import Launcher, PlannedCommand, ProcessHandle
 from chaos.targets.sglang.commands import server_command, server_env, sglang_router_command
 from chaos.targets.sglang.pool import pool_checks
 from chaos.targets.sglang.readiness import await_health, await_router, router_ready_url
@@ -49,6 +49,9 @@ class SGLangStack(LaunchedStack):
         self.spec = spec
         self._ports: Ports | None = None
         self.settings: dict[str, WorkerSettings] = {}
+        # Process name -> its log's length when it was launched: each start of a role appends to
+        # one log, and a start is judged by its own lines, not by a bind error of the one before.
+        self._log_from: dict[str, int] = {}
 
     # ---------------------------------------------------------------------------- planning ----
 
@@ -190,16 +193,22 @@ class SGLangStack(LaunchedStack):
             raise UsageError(f"target.sglang: {problem}")
 
     def _launch(self, command: PlannedCommand) -> None:
+        self._log_from[command.name] = len(self.logs(command.name))
         self.procs[command.name] = self.launcher.launch(command)
         self.write_state()  # at once: a run killed while the model loads must still be stoppable
 
     def _await_worker(self, role: str) -> None:
-        await_health(self.worker_url(role) + "/health", self.spec.startup_timeout_s, self.procs[role])
+        await_health(
+            self.worker_url(role) + "/health",
+            self.spec.startup_timeout_s,
+            self.procs[role],
+            log_from=self._log_from.get(role, 0),
+        )
 
     def _start_router(self) -> None:
         command = self.router_command()
         self._launch(command)
-        await_router(self.router_url, self.spec.router.front, ROUTER_READY_TIMEOUT_S, self.procs["router"])
+        self._await_router(self.procs["router"])
 
     def down(self) -> None:
         self._stop_processes()
@@ -236,7 +245,12 @@ class SGLangStack(LaunchedStack):
         Its /readiness (smg: its /workers) says so once it holds a healthy prefill and decode."""
         router = self.procs.get("router")
         if router is not None and router.alive():
-            await_router(self.router_url, self.spec.router.front, ROUTER_READY_TIMEOUT_S, router)
+            self._await_router(router)
+
+    def _await_router(self, router: ProcessHandle) -> None:
+        await_router(
+            self.router_url, self.spec.router.front, ROUTER_READY_TIMEOUT_S, router, self._log_from.get("router", 0)
+        )
 
     # -------------------------------------------------------------------------- inspection ----
 
