@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import types
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,10 @@ def _run_on(pair: VllmStack, path: Path, run_dir: Path) -> RunOutcome:
     return run_on(pair, campaign, run_dir)
 
 
+def _kill_window(journal: Journal) -> Any:
+    return next(w for w in windows_from_events(journal.iter_events(kind="fault")) if w.fault == "process_kill")
+
+
 @pytest.fixture(scope="module")
 def run(pair: VllmStack, tmp_path_factory: pytest.TempPathFactory) -> RunOutcome:
     return _run_on(pair, CAMPAIGN, tmp_path_factory.mktemp("vllm-run"))
@@ -63,7 +68,15 @@ def run(pair: VllmStack, tmp_path_factory: pytest.TempPathFactory) -> RunOutcome
 
 @pytest.fixture(scope="module")
 def expiry_run(pair: VllmStack, run: RunOutcome, tmp_path_factory: pytest.TempPathFactory) -> RunOutcome:
-    return _run_on(pair, EXPIRY_CAMPAIGN, tmp_path_factory.mktemp("vllm-expiry"))
+    """The lease-expiry campaign; once more, saying so, if the killed prefill was still tearing down
+    when its window gave up waiting (a SIGKILLed worker stayed in state R for over 30 s once in
+    CI, on a machine where it takes a second or two): that says nothing of vLLM or of the suite."""
+    first = _run_on(pair, EXPIRY_CAMPAIGN, tmp_path_factory.mktemp("vllm-expiry"))
+    kill = _kill_window(Journal.open(first.run_dir))
+    if kill.confirmed or "still:" not in kill.confirm_evidence:
+        return first
+    warnings.warn(f"the kill window lingered ({kill.confirm_evidence}); running the campaign once more", stacklevel=1)
+    return _run_on(pair, EXPIRY_CAMPAIGN, tmp_path_factory.mktemp("vllm-expiry-again"))
 
 
 # ------------------------------------------------------------------ without engines (fast) ----
@@ -243,10 +256,6 @@ def test_a_decode_stall_past_the_kv_lease_is_caught_as_vllm_reading_freed_kv(exp
     assert {r.name for r in expiry_run.oracles if r.verdict is Verdict.FAIL} == {"integrity"}, expiry_run.reasons
 
 
-def _kill_window(journal: Journal) -> Any:
-    return next(w for w in windows_from_events(journal.iter_events(kind="fault")) if w.fault == "process_kill")
-
-
 @pytest.mark.real_engine
 @pytest.mark.timeout(900)
 def test_killed_prefill_is_confirmed_and_its_requests_end_in_clean_errors(
@@ -257,15 +266,18 @@ def test_killed_prefill_is_confirmed_and_its_requests_end_in_clean_errors(
     assert window.confirmed and "gone=True" in window.confirm_evidence, window.confirm_evidence
     revived = [r for r in pair.restarts if r["role"] == "prefill" and r["stopped_at"] >= window.start]
     assert revived, f"the heal did not restart prefill: {pair.restarts}"
-    down_until = revived[0]["ready_at"]
-    # Sent while prefill was dead: it cannot have served them, so each must fail visibly.
+    # Sent after the kill and before its successor was even launched: no prefill could serve them,
+    # so each must fail visibly. (Not up to `ready_at`: the successor may serve a second or more
+    # before the heal's health poll finds it ready.)
+    down_until = revived[0]["launched_at"]
     during = [
-        r for r in journal.iter_requests() if r.t_send is not None and window.start + 1.0 <= r.t_send < down_until - 1.0
+        r for r in journal.iter_requests() if r.t_send is not None and window.start + 1.0 <= r.t_send < down_until
     ]
     assert len(during) >= 5, f"only {len(during)} requests were sent while prefill was down"
     served = [(r.id, r.status, r.response_text[:80]) for r in during if r.status is not None and r.status < 500]
     assert not served, served
     assert all(r.outcome.value in ("fail", "info") and r.error_class for r in during)
     # And the pair serves again after the heal: the aftershock probes that followed it answered 200.
-    after = [r for r in journal.iter_requests(phase="aftershock") if r.t_send is not None and r.t_send >= down_until]
+    ready = revived[0]["ready_at"]
+    after = [r for r in journal.iter_requests(phase="aftershock") if r.t_send is not None and r.t_send >= ready]
     assert after and all(r.status == 200 for r in after), [(r.id, r.status, r.error_detail) for r in after]

@@ -106,7 +106,7 @@ class VllmStack(LaunchedStack):
         self._ports: Ports | None = None
         self.bytes_per_token: dict[str, float] = {}  # KV bytes per token, read from each engine
         self.startup_s: dict[str, float] = {}  # measured: launch to ready, per process
-        self.restarts: list[dict[str, Any]] = []  # role, stopped_at, ready_at (epoch s): when it was down
+        self.restarts: list[dict[str, Any]] = []  # role, stopped_at, launched_at, ready_at (epoch s)
 
     # ---------------------------------------------------------------------------- planning ----
 
@@ -328,7 +328,7 @@ class VllmStack(LaunchedStack):
         self.procs[role].stop(timeout_s=30.0)
         self.settings[role] = settings
         for attempt in range(BIND_RETRIES):
-            started = time.monotonic()
+            started, launched_at = time.monotonic(), time.time()
             self._launch(self.engine_command(role))
             try:
                 self._await_engine(role, started)
@@ -337,7 +337,11 @@ class VllmStack(LaunchedStack):
                 if attempt + 1 == BIND_RETRIES or not _lost_port(exc):
                     raise
                 time.sleep(2.0)
-        self.restarts.append({"role": role, "stopped_at": stopped_at, "ready_at": time.time()})
+        # Down for sure from stopped_at until launched_at; serving by ready_at (its health poll
+        # may find it serving a second or more after it first did).
+        self.restarts.append(
+            {"role": role, "stopped_at": stopped_at, "launched_at": launched_at, "ready_at": time.time()}
+        )
         self._await_router_sees(role)
         self.write_state()
 
