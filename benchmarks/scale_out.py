@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -234,23 +235,18 @@ def summarize(points: list[Point]) -> dict[str, Any]:
     for p in points:
         by_actors.setdefault(p.actors, []).append(p)
 
-    def median(values: list[float]) -> float:
-        ordered = sorted(values)
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
     summary: dict[str, Any] = {}
     for actors, runs in sorted(by_actors.items()):
         summary[str(actors)] = {
-            "rps": round(median([p.rps for p in runs]), 1),
-            "rps_per_actor": round(median([p.rps_per_actor for p in runs]), 1),
+            "rps": round(statistics.median([p.rps for p in runs]), 1),
+            "rps_per_actor": round(statistics.median([p.rps_per_actor for p in runs]), 1),
             "per_actor_vs_one": [p.per_actor_vs_one for p in runs],
-            "locust_cpu_us_per_request": round(median([p.cpu_s_per_request["locust"] for p in runs]), 1),
+            "locust_cpu_us_per_request": round(statistics.median([p.cpu_s_per_request["locust"] for p in runs]), 1),
             "client_cpu_us_per_request": round(
-                median([p.cpu_s_per_request["locust"] + p.cpu_s_per_request["load_actors"] for p in runs]), 1
+                statistics.median([p.cpu_s_per_request["locust"] + p.cpu_s_per_request["load_actors"] for p in runs]), 1
             ),
-            "driver_cpu_us_per_request": round(median([p.cpu_s_per_request["driver"] for p in runs]), 1),
-            "server_cpu_us_per_request": round(median([p.cpu_s_per_request["server"] for p in runs]), 1),
+            "driver_cpu_us_per_request": round(statistics.median([p.cpu_s_per_request["driver"] for p in runs]), 1),
+            "server_cpu_us_per_request": round(statistics.median([p.cpu_s_per_request["server"] for p in runs]), 1),
         }
     return summary
 
