@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from chaos.markers import MarkerCodec
 from chaos.targets.discovery import TargetFacts
+from loadprofiles.sizing import Threshold, plan_load_thresholds
 
 CHARS_PER_TOKEN = 4
 # Three-letter words: " xyz" is one token. None of them spells the embedded model's "repeat".
@@ -52,7 +53,6 @@ LONG_HEADROOM = 64  # tokens kept free under the limit for a chat template and e
 SHARED_PREFIX_TOKENS = 1024  # capped at a quarter of the context length when that is known
 CONVERSATION_TURNS = 4  # a conversation restarts after this many turns
 CONVERSATION_BUDGET = 0.5  # ... or when it would pass this fraction of the context length
-UNKNOWN_OVER_LENGTH = 131072  # probe size when the target reports no limit at all
 FILLER_BLOCK_WORDS = 65536  # filler is cut from one pre-drawn block: a 1M-token prompt costs a copy
 
 
@@ -60,17 +60,6 @@ FILLER_BLOCK_WORDS = 65536  # filler is cut from one pre-drawn block: a 1M-token
 class Message:
     role: str
     content: str
-
-
-@dataclass(frozen=True)
-class Threshold:
-    """A limit an over-length prompt is sized against; `tokens` is the prompt's target size."""
-
-    name: str  # at_context_length, over_context_length, at_max_total_num_tokens, ...
-    limit: int  # the limit itself (the band's lower edge for the max_req_input_len band)
-    tokens: int
-    max_tokens: int | None = None  # the band needs input + max_tokens <= context_length
-    known: bool = True  # False: the target reported no limit, this one is assumed
 
 
 @dataclass(frozen=True)
@@ -250,44 +239,25 @@ class PromptFactory:
     # ------------------------------------------------------------------------ over-length ----
 
     def thresholds(self) -> list[Threshold]:
-        """At and just over every limit the target reports, and inside SGLang's scheduler band.
-
-        Band: prompts in [max_req_input_len, context_length) pass SGLang's tokenizer check and
-        fail its scheduler check (`validate_input_length`); they need max_tokens small enough that
-        input + max_tokens <= context_length, or the tokenizer check rejects them first.
-        """
-        facts = self.facts
-        out: list[Threshold] = []
-        for name, limit in (
-            ("context_length", facts.context_length),
-            ("max_total_num_tokens", facts.max_total_num_tokens),
-        ):
-            if limit is None:
-                continue
-            out.append(Threshold(f"at_{name}", limit, limit))
-            out.append(Threshold(f"over_{name}", limit, limit + max(16, limit // 50)))
-        ctx, band_lo = facts.context_length, facts.max_req_input_len
-        if ctx is not None and band_lo is not None and band_lo < ctx:
-            middle = band_lo + (ctx - band_lo) // 2
-            out.append(Threshold("band_max_req_input_len", band_lo, middle, max_tokens=max(1, min(8, ctx - middle))))
-        if not out:
-            out.append(Threshold("assumed_limit", UNKNOWN_OVER_LENGTH, UNKNOWN_OVER_LENGTH, known=False))
-        return out
+        """At and a margin over every limit the target reports, and inside SGLang's scheduler band
+        (`plan_load_thresholds`, loadprofiles/sizing.py)."""
+        return plan_load_thresholds(self.facts.as_tuple())
 
     def over_length(self, request_index: int, threshold: Threshold) -> Prompt:
         head, _ = self.markers(request_index)
         fixed = 2 * estimate_tokens(" " + head)
-        text, est = self._body(request_index, threshold.tokens - fixed, "")
+        text, est = self._body(request_index, threshold.target - fixed, "")
         return Prompt(
             kind="over_length",
             messages=(Message("user", text),),
             markers=self.markers(request_index),
             repeat=False,
             est_tokens=est,
-            max_tokens=threshold.max_tokens,
+            # The band needs input + max_tokens <= context_length; elsewhere the config's max_tokens.
+            max_tokens=threshold.max_new_tokens() if threshold.in_band else None,
             threshold=threshold,
             # The band is a few tokens wide: a chat template's tokens would push it out.
-            chat_ok=threshold.max_tokens is None,
+            chat_ok=not threshold.in_band,
         )
 
 

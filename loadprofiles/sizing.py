@@ -1,16 +1,21 @@
 """Over-length sizes: which prompt lengths cross a target's limits, and how many filler
 repetitions make a prompt that long on the target's own tokenizer.
 
-A prompt that must be rejected is aimed just over a limit the workers report (`plan_thresholds`):
-the KV pool, the context, and inside the band [max_req_input_len, context) that only SGLang's
-scheduler check (`validate_input_length`) rejects, the incident's band (SGLang #30233). It is sized
-with the target's own token counts (`Sizer`): two short prompts `CALIBRATION_K` filler repetitions
-apart give the tokens per repetition, chat template included, and one short prompt with the sized
-prompt's own markers gives its fixed part (`Sizer.through`).
+One `Threshold` type for every over-length prompt of the suite, planned here two ways from the
+same limits, (pool, context, max input) each (`WorkerLimits.as_tuple`):
 
-The over-length faults and provocations (faults/) and `pdchaos canary` (chaos/canary/) size their
-prompts here. The load's over-length user aims at and a margin over each limit without measuring
-(`PromptFactory.thresholds`, loadprofiles/prompts.py).
+- `plan_thresholds`: just over every limit any worker reports, for the over-length faults and
+  provocations (faults/) and `pdchaos canary` (chaos/canary/): the KV pool, the context, and
+  inside the band [max_req_input_len, context) that only SGLang's scheduler check
+  (`validate_input_length`) rejects, the incident's band (SGLang #30233).
+- `plan_load_thresholds`: at and a margin over the context and the pool, the same band, and an
+  assumed limit when the target states none, for the load's over-length user
+  (loadprofiles/users.py, whose prompts `PromptFactory.over_length` builds to the estimated token).
+
+The band's completion budget is one rule (`Threshold.max_new_tokens`). The faults and the canary
+size their prompts with the target's own token counts (`Sizer`): two short prompts
+`CALIBRATION_K` filler repetitions apart give the tokens per repetition, chat template included,
+and one short prompt with the sized prompt's own markers gives its fixed part (`Sizer.through`).
 """
 
 from __future__ import annotations
@@ -22,18 +27,29 @@ from dataclasses import dataclass, replace
 FILLER = " the"  # one token per repetition in common tokenizers (BPE, SentencePiece) and the embedded engine's
 CALIBRATION_K = (8, 72)  # filler repetitions of the two calibration prompts
 COMPLETION_TOKENS = 8  # a rejected prompt's completion budget, when its caller does not choose one
+OVER_MARGIN = (16, 50)  # the load's "over" size: a limit plus max(16, limit // 50) tokens
+UNKNOWN_OVER_LENGTH = 131072  # the load's probe size when the target reports no limit at all
 
 
 @dataclass(frozen=True)
 class Threshold:
     """One limit an over-length prompt is aimed at, and the length aimed at."""
 
-    name: str  # pool, context, band, manual; joined with "=" where sizes coincide ("pool=context")
-    tokens: int  # a prompt of at least this many tokens is over the limit (band: its lower edge)
+    # plan_thresholds: pool, context, band, manual; joined with "=" where sizes coincide ("pool=context").
+    # plan_load_thresholds: at_context_length, over_max_total_num_tokens, band_max_req_input_len, assumed_limit, ...
+    name: str
+    tokens: int  # the limit: a prompt of at least this many tokens is over it (band: its lower edge)
     target: int  # the prompt length aimed at
     label: str  # e.g. "pool 4096", "band [4090,8192)"
     upper: int | None = None  # band: stay below this (the context)
     context: int | None = None  # the context length the prompt and its completion must fit in
+    known: bool = True  # False: the target reported no limit, this one is assumed
+
+    @property
+    def in_band(self) -> bool:
+        """Aimed inside [max_req_input_len, context): a few tokens wide, so the completion budget
+        (`max_new_tokens`) and the exact prompt matter."""
+        return self.upper is not None
 
     def max_new_tokens(self, most: int = COMPLETION_TOKENS) -> int:
         """Room under the context, so the tokenizer's `input + max_new_tokens > context` check
@@ -59,10 +75,7 @@ def plan_thresholds(
         if context is not None:
             sizes.append(Threshold("context", context, context + 1, f"context {context}", context=context))
         if context is not None and max_input is not None and max_input < context:
-            middle = max_input + (context - max_input) // 2
-            sizes.append(
-                Threshold("band", max_input, middle, f"band [{max_input},{context})", upper=context, context=context)
-            )
+            sizes.append(band(max_input, context, "band"))
     if manual is not None:
         sizes.append(Threshold("manual", manual, manual + 1, f"--max-tokens-probe {manual}", context=smallest_context))
         sizes.append(
@@ -76,6 +89,32 @@ def plan_thresholds(
         elif size.name not in seen.name.split("="):
             merged[size.target] = replace(seen, name=f"{seen.name}={size.name}", label=f"{seen.label} = {size.label}")
     return sorted(merged.values(), key=lambda t: t.target)
+
+
+def plan_load_thresholds(limits: tuple[int | None, int | None, int | None]) -> list[Threshold]:
+    """At and a margin over the context, then the pool, of (pool, context, max input), then inside
+    the band; one assumed limit (`known=False`) when none is stated. Sizes are not merged: the
+    load's user takes them in turn and journals each name."""
+    pool, context, max_input = limits
+    sizes: list[Threshold] = []
+    for name, limit in (("context_length", context), ("max_total_num_tokens", pool)):
+        if limit is None:
+            continue
+        over = limit + max(OVER_MARGIN[0], limit // OVER_MARGIN[1])
+        sizes.append(Threshold(f"at_{name}", limit, limit, f"at {name} {limit}", context=context))
+        sizes.append(Threshold(f"over_{name}", limit, over, f"over {name} {limit} (+{over - limit})", context=context))
+    if context is not None and max_input is not None and max_input < context:
+        sizes.append(band(max_input, context, "band_max_req_input_len"))
+    if not sizes:
+        limit = UNKNOWN_OVER_LENGTH
+        sizes.append(Threshold("assumed_limit", limit, limit, f"assumed limit {limit}", known=False))
+    return sizes
+
+
+def band(max_input: int, context: int, name: str) -> Threshold:
+    """The middle of [max_input, context): over the scheduler's limit, under the tokenizer's."""
+    middle = max_input + (context - max_input) // 2
+    return Threshold(name, max_input, middle, f"band [{max_input},{context})", upper=context, context=context)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from chaos.journal import Outcome
 from chaos.markers import MarkerCodec
 from loadprofiles.config import LoadConfig
 from loadprofiles.exchange import ROUTES, AbortPhase, Interrupt, perform, post_aborts, request_body
-from loadprofiles.prompts import Conversation, Prompt, PromptFactory, Threshold
+from loadprofiles.prompts import Conversation, Prompt, PromptFactory
 from loadprofiles.recorder import (
     UNAVAILABLE_ENDINGS,
     Judgement,
@@ -39,6 +39,7 @@ from loadprofiles.recorder import (
     emit,
     judge,
 )
+from loadprofiles.sizing import Threshold
 from loadprofiles.sse import DEFAULT_BODY_CAP, Api
 
 CONTROL_TIMEOUT_S = 5.0  # /abort_request calls
@@ -326,16 +327,16 @@ class OverLengthUser(PdchaosUser):
     def review(self, prompt: Prompt, obs: Observed, verdict: Judgement) -> tuple[Judgement, str | None]:
         t = prompt.threshold
         assert t is not None
-        prefix = f"over_length threshold={t.name} limit={t.limit} target_tokens={t.tokens}"
+        prefix = f"over_length threshold={t.name} limit={t.tokens} target_tokens={t.target}"
         if verdict.outcome is not Outcome.OK:
             return verdict, prefix
         reported = obs.parsed.prompt_tokens if obs.parsed else None
         if not t.known:
             note = f"over_length_unverified: {t.name} (the target reports no limit)"
-        elif reported is not None and reported < t.limit:
-            note = f"over_length_missed: {t.name} prompt_tokens={reported} < {t.limit} (our size estimate was short)"
+        elif reported is not None and reported < t.tokens:
+            note = f"over_length_missed: {t.name} prompt_tokens={reported} < {t.tokens} (our size estimate was short)"
         else:
-            note = f"over_length_accepted: {t.name} limit={t.limit} prompt_tokens={reported}"
+            note = f"over_length_accepted: {t.name} limit={t.tokens} prompt_tokens={reported}"
         return replace(verdict, anomalies=(*verdict.anomalies, note)), prefix
 
     def expected(self, verdict: Judgement, obs: Observed) -> bool:

@@ -161,10 +161,10 @@ def test_over_length_prompts_hit_each_threshold_on_the_toy_tokenizer() -> None:
     for i, threshold in enumerate(by_name.values()):
         prompt = factory.over_length(i, threshold)
         tokens = len(tokenize(prompt.as_text()))
-        assert tokens == threshold.tokens == prompt.est_tokens, threshold
+        assert tokens == threshold.target == prompt.est_tokens, threshold
         assert prompt.as_text().startswith(prompt.markers[0]) and prompt.as_text().endswith(prompt.markers[1])
     band = by_name["band_max_req_input_len"]
-    assert 8186 <= band.tokens < 8192 and band.tokens + (band.max_tokens or 0) <= 8192
+    assert 8186 <= band.target < 8192 and band.target + band.max_new_tokens() <= 8192
     # Nothing known: one probe at an assumed size, flagged as such.
     assert [t.known for t in PromptFactory(MarkerCodec(new_run_prefix()), 0, TargetFacts()).thresholds()] == [False]
 
