@@ -29,6 +29,9 @@ def _location(loc: tuple[Any, ...]) -> str:
     return out or "campaign"
 
 
+CREDENTIAL_FIELDS = frozenset({"api_key_env", "worker_api_key_env", "header_env", "headers"})
+
+
 def _format(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
@@ -39,7 +42,10 @@ def _format(error: ValidationError) -> str:
         elif item["type"] == "missing":
             message = "required field is missing"
         value = item.get("input")
-        shown = "" if item["type"] in ("missing", "extra_forbidden") or isinstance(value, dict) else f" (got {value!r})"
+        hidden = item["type"] in ("missing", "extra_forbidden") or isinstance(value, dict)
+        # a credential field's value may be the key itself, pasted by mistake: never echo it
+        hidden = hidden or bool(set(map(str, loc)) & CREDENTIAL_FIELDS)
+        shown = "" if hidden else f" (got {value!r})"
         lines.append(f"{_location(loc)}: {message}{shown}")
     return "\n  ".join(lines)
 

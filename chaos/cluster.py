@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from chaos import transport
 from chaos.ray_session import connect_ray, disconnect_ray
 from loadprofiles.clock import ClockState, write_state
 from loadprofiles.config import CONFIG_ENV, LoadConfig
@@ -81,9 +82,18 @@ class PollResult:
 class LoadGenerator:
     """Runs one Locust process and tails its records. Used inside a Ray actor (or directly)."""
 
-    def __init__(self, name: str, config: LoadConfig, workdir: str, locustfile: str = str(LOCUSTFILE)) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: LoadConfig,
+        workdir: str,
+        locustfile: str = str(LOCUSTFILE),
+        transport_settings: str | None = None,
+    ) -> None:
         self.name = name
         self.config = config
+        # The driver's headers and TLS settings (no secret: the key is read from this node's environment)
+        self.transport_settings = transport_settings if transport_settings is not None else transport.current().to_env()
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.locustfile = Path(locustfile)
@@ -96,6 +106,7 @@ class LoadGenerator:
     def start(self) -> int:
         env = dict(os.environ)
         env[CONFIG_ENV] = self.config.to_json()
+        env[transport.ENV] = self.transport_settings
         self.stdout_path = self.workdir / f"{self.name}.summary.json"
         self.stderr_path = self.workdir / f"{self.name}.locust.log"
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
@@ -216,7 +227,9 @@ class LoadCluster:
         base = workdir or tempfile.mkdtemp(prefix="pdchaos-load-")
         for config in configs:
             name = f"actor-{config.actor_index}"
-            actor = remote_cls.options(name=None, **options).remote(name, config, os.path.join(base, name))
+            actor = remote_cls.options(name=None, **options).remote(
+                name, config, os.path.join(base, name), str(LOCUSTFILE), transport.current().to_env()
+            )
             self.actors.append(actor)
             self.names.append(name)
         ray.get([a.start.remote() for a in self.actors])

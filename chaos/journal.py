@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from chaos import transport
+
 JOURNAL_FILENAME = "journal.sqlite"
 SCHEMA_VERSION = 1
 
@@ -173,6 +175,8 @@ def _request_row(record: RequestRecord) -> tuple[Any, ...]:
             value = int(bool(value))
         elif name == "outcome":
             value = Outcome(value).value
+        if isinstance(value, str):
+            value = transport.redact(value)  # a target may echo the API key back in a body
         row.append(value)
     return tuple(row)
 
@@ -304,7 +308,7 @@ class Journal:
 
     def append_event(self, event: JournalEvent) -> JournalEvent:
         """Commit the event now (after any buffered requests); returns it with its `seq`."""
-        data = json.dumps(dict(event.data))
+        data = transport.redact(json.dumps(dict(event.data)))
         with self._lock:
             self._check_writable()
             self._flush_locked()
@@ -312,7 +316,7 @@ class Journal:
 
     def set_meta(self, key: str, value: Any) -> None:
         """Commit a JSON value under `key` now, replacing any earlier one."""
-        encoded = json.dumps(value)
+        encoded = transport.redact(json.dumps(value))
         with self._lock:
             self._check_writable()
             self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, encoded))

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from chaos import transport
 from chaos.facts.endpoints import loads_ranks
 from chaos.facts.prometheus import parse_prometheus_text
 from chaos.journal import EventKind, Journal, JournalEvent
@@ -39,7 +40,7 @@ class PoolReader:
                 self.journal.append_event(JournalEvent(EventKind.PROBE, "loads", sample))
             if metrics_phase:
                 try:
-                    text = httpx.get(f"{worker.url}/metrics", timeout=READ_TIMEOUT_S, trust_env=False).text
+                    text = transport.get(f"{worker.url}/metrics", timeout=READ_TIMEOUT_S, trust_env=False).text
                     self.journal.append_event(
                         JournalEvent(
                             EventKind.PROBE, "metrics", {"role": worker.role, "phase": metrics_phase, "text": text}
@@ -56,7 +57,7 @@ class PoolReader:
         if not names:
             return 0.0
         try:
-            text = httpx.get(f"{url}/metrics", timeout=2.0, trust_env=False).text
+            text = transport.get(f"{url}/metrics", timeout=2.0, trust_env=False).text
         except httpx.HTTPError:
             return 0.0
         return sum(s.value for s in parse_prometheus_text(text) if s.name in names)

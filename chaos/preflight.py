@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from chaos import transport
 from chaos.facts.endpoints import ModelsFacts, ServerInfoFacts, parse_models, parse_server_info
 from chaos.facts.log_starts import LogStart, read_log
 from chaos.facts.pool_metrics import PoolMetrics, read_pool_metrics
@@ -354,7 +355,7 @@ def fetch_url_facts(url: str, *, timeout: float = DEFAULT_TIMEOUT_S, client: htt
     """
     facts = UrlFacts(url=url)
     own_client = client is None
-    http = client or httpx.Client(timeout=timeout, trust_env=False, follow_redirects=True)
+    http = client or transport.client(timeout=timeout, trust_env=False, follow_redirects=True)
     try:
 
         def get(path: str) -> httpx.Response | None:

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from chaos import transport
 from chaos.campaign import ProbeSpec, WindowSpec
 from chaos.journal import Journal, RequestRecord
 from chaos.probes import Probe, reader_order, replay_order, send_probe
@@ -66,7 +67,7 @@ class ProbeTraffic:
         def replay() -> None:
             probe = order[next(count) % len(order)]
             try:
-                with httpx.Client(trust_env=False) as client:
+                with transport.client(trust_env=False) as client:
                     self.record(self.send(client, probe, "provocation"))
             except Exception:  # a probe the run can no longer journal (it is ending) proves nothing
                 log.debug("reference probe of a provocation not journaled", exc_info=True)
@@ -79,7 +80,7 @@ class ProbeTraffic:
         if self.stop.is_set() or self.watchdog.wedged.is_set() or not self.probes:
             return
         with (
-            httpx.Client(trust_env=False, limits=httpx.Limits(max_connections=len(self.probes))) as client,
+            transport.client(trust_env=False, limits=httpx.Limits(max_connections=len(self.probes))) as client,
             ThreadPoolExecutor(
                 max_workers=min(len(self.probes), AFTERSHOCK_PARALLEL), thread_name_prefix="aftershock"
             ) as pool,
@@ -100,7 +101,7 @@ class ProbeTraffic:
         """Probes at their interval through the load, except in its lulls: a lull is kept idle,
         as the liveness oracle's idle-moment check needs."""
         order = replay_order(self.probes)
-        with httpx.Client(trust_env=False) as client:
+        with transport.client(trust_env=False) as client:
             n = 0
             while (
                 not load_done.wait(self.spec.interval_s)

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
+from chaos import transport
 from chaos.campaign import Campaign
 from chaos.errors import TargetError, UsageError
 from chaos.fault_schedule import FaultSchedule
@@ -135,7 +136,14 @@ class Runner:
                 self.journal.set_meta("ended_at", time.time())
                 self.journal.close()
                 self._render_reports()
+                self._scrub_secrets()
         return outcome
+
+    def _scrub_secrets(self) -> None:
+        """The last guard: no byte of a key stays in the run directory, whatever echoed it."""
+        if transport.current().has_secrets:
+            for path in transport.scrub_tree(self.run_dir):
+                self._say(f"removed a secret echoed into {path.relative_to(self.run_dir)}")
 
     def _say(self, text: str) -> None:
         if self.show_progress:
@@ -163,6 +171,8 @@ class Runner:
     def _start_target(self) -> None:
         assert self.journal is not None
         spec = self.campaign.target
+        transport.configure(spec.transport())
+        transport.current().check_variables()  # an unset key variable stops the run before anything starts
         self.journal.append_event(JournalEvent(EventKind.PHASE, "target:start", {"kind": spec.kind}))
         if spec.kind == "attach":
             self.target = attach(self.campaign, self.run_dir)
@@ -172,6 +182,9 @@ class Runner:
             stack.up()
             self.target = stack
         endpoints = self.target.endpoints
+        transport.configure(spec.transport().with_workers(w.url for w in endpoints.workers))
+        for url in (endpoints.router_url, *(w.url for w in endpoints.workers)):
+            transport.check_access(url)  # 401/403: exit 2 naming the variable, before any load
         self.journal.set_meta(
             "target",
             {
@@ -248,7 +261,7 @@ class Runner:
         j, endpoints = self.journal, self.target.endpoints
         j.append_event(JournalEvent(EventKind.PHASE, "baseline:start"))
         self.pools.snapshot("idle_before", "before")
-        with httpx.Client(trust_env=False) as client:
+        with transport.client(trust_env=False) as client:
             per_token, sizing = chars_per_token(
                 client, endpoints.router_url, self.api, SIZING_INDEX, model=self.facts.model
             )

@@ -48,6 +48,7 @@ from typing import Any
 
 import httpx
 
+from chaos import transport
 from chaos.errors import UsageError
 from chaos.journal import EventKind, JournalEvent
 from chaos.limits import WorkerLimits
@@ -291,7 +292,7 @@ class Provoker(TrafficSource):
 
     async def _measure(self) -> Sizer:
         calibration: list[Exchange] = []
-        async with httpx.AsyncClient(timeout=httpx.Timeout(SIZING_TIMEOUT_S), trust_env=False) as client:
+        async with transport.async_client(timeout=httpx.Timeout(SIZING_TIMEOUT_S), trust_env=False) as client:
             try:
                 return await self.measure_sizer(client, self._ctx.target.endpoints.router_url, INSTRUCTION, calibration)
             finally:
@@ -373,7 +374,7 @@ class Provoker(TrafficSource):
             for r in roles
         }
         timeout = httpx.Timeout(self.request_timeout_s, connect=5.0)
-        async with httpx.AsyncClient(
+        async with transport.async_client(
             timeout=timeout, trust_env=False, limits=httpx.Limits(max_connections=MAX_IN_FLIGHT)
         ) as client:
             sizer = self._sizer

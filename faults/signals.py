@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from chaos import transport
 from chaos.facts.prometheus import parse_prometheus_text
 from chaos.targets.base import Target
 from faults.base import FaultContext
@@ -30,7 +31,7 @@ def transfer_failures(target: Target, role: str | None = None) -> float:
 
 def healthy(url: str, timeout_s: float = TIMEOUT_S) -> bool:
     try:
-        return httpx.get(f"{url}/health", timeout=timeout_s, trust_env=False).status_code == 200
+        return transport.get(f"{url}/health", timeout=timeout_s, trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -55,7 +56,7 @@ def router_errors(ctx: FaultContext) -> float:
     if not url:
         return 0.0
     try:
-        text = httpx.get(url, timeout=TIMEOUT_S, trust_env=False).text
+        text = transport.get(url, timeout=TIMEOUT_S, trust_env=False).text
     except httpx.HTTPError:
         return 0.0
     total = 0.0

@@ -48,6 +48,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
             "chaos.limits",
             "chaos.refusal",
             "chaos.run_evidence",
+            "chaos.transport",
         )
     },
     {"targets": ("chaos.targets", "chaos.targets.*")},

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from chaos import transport
 from chaos.canary.judging import find_leaks, judge_probe, leak_reason
 from chaos.canary.prompts import probe_prompt, victim_prompt
 from chaos.canary.reply import Reply, send, short_message
@@ -132,7 +133,7 @@ async def run_canary_async(config: CanaryConfig, target: CanaryTarget | None = N
 
     timeout = httpx.Timeout(config.timeout_s, connect=min(config.timeout_s, 10.0))
     limits_http = httpx.Limits(max_connections=max(16, config.victims * 2))
-    async with httpx.AsyncClient(timeout=timeout, limits=limits_http, trust_env=False) as client:
+    async with transport.async_client(timeout=timeout, limits=limits_http, trust_env=False) as client:
         # Calibrate first, so the probes' own calibration traffic is older than the victims'.
         calibrations: dict[Api, RouteCalibration] = {}
         for route in routes:

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from chaos import transport
 from chaos.errors import UsageError
 from chaos.limits import tightest
 from chaos.targets.discovery import TargetFacts, discover_facts
@@ -41,7 +42,7 @@ class CanaryTarget:
 
 def _check_reachable(url: str, timeout_s: float) -> None:
     try:
-        with httpx.Client(timeout=min(timeout_s, DISCOVERY_TIMEOUT_S), trust_env=False) as client:
+        with transport.client(timeout=min(timeout_s, DISCOVERY_TIMEOUT_S), trust_env=False) as client:
             client.get(f"{url}/v1/models")
     except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
         raise UsageError(
@@ -57,7 +58,7 @@ def _check_reachable(url: str, timeout_s: float) -> None:
 def _router_workers(url: str, timeout_s: float) -> list[tuple[str, str]]:
     """(worker URL, worker type) from an SGLang router's ``/workers``; [] when there is none."""
     try:
-        with httpx.Client(timeout=min(timeout_s, DISCOVERY_TIMEOUT_S), trust_env=False) as client:
+        with transport.client(timeout=min(timeout_s, DISCOVERY_TIMEOUT_S), trust_env=False) as client:
             response = client.get(f"{url}/workers")
         if response.status_code != 200:
             return []

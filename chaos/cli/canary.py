@@ -14,9 +14,11 @@ import re
 import sys
 from collections.abc import Sequence
 
+from chaos import transport
 from chaos.canary.render import format_report
 from chaos.canary.run import CanaryConfig, run_canary
 from chaos.canary.target import DEFAULT_TIMEOUT_S
+from chaos.cli.access import add_access_arguments, configure_from_args
 from chaos.cli.command import Subcommands, call_handler
 from chaos.errors import UsageError
 from chaos.exit_codes import ExitCode
@@ -70,6 +72,7 @@ def register(commands: Subcommands) -> None:
         metavar="SECONDS",
         help=f"per-request HTTP timeout (default {DEFAULT_TIMEOUT_S:g})",
     )
+    add_access_arguments(parser)
     parser.set_defaults(handler=run_canary_command)
 
 
@@ -96,7 +99,10 @@ def config_from_args(args: argparse.Namespace) -> CanaryConfig:
 
 def run_canary_command(args: argparse.Namespace) -> int:
     """Handler: 0 pass, 1 fail, 3 inconclusive (usage errors raise `UsageError`)."""
-    report = run_canary(config_from_args(args))
+    config = config_from_args(args)
+    configure_from_args(args)
+    transport.check_access(config.url)
+    report = run_canary(config)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from typing import TypeAlias
 
+from chaos import transport
 from chaos.errors import TargetError, UsageError
 from chaos.exit_codes import ExitCode
 
@@ -23,12 +25,18 @@ def call_handler(args: argparse.Namespace) -> int:
     try:
         return int(args.handler(args))
     except UsageError as exc:
-        print(f"pdchaos: error: {exc}", file=sys.stderr)
+        print(f"pdchaos: error: {transport.redact(str(exc))}", file=sys.stderr)
         return ExitCode.USAGE
     except TargetError as exc:  # the target could not be started or reached: a setup problem
-        print(f"pdchaos: target error: {exc}", file=sys.stderr)
+        print(f"pdchaos: target error: {transport.redact(str(exc))}", file=sys.stderr)
         return ExitCode.USAGE
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
     except BrokenPipeError:  # `pdchaos ... | head`: the reader left, nothing is wrong
         return ExitCode.PASS
+    except Exception:
+        if not transport.current().has_secrets:
+            raise
+        # Python would print the traceback as it is; a message in it may quote a header
+        print(transport.redact(traceback.format_exc()), file=sys.stderr, end="")
+        return ExitCode.FAIL

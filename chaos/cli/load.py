@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from chaos import transport
+from chaos.cli.access import add_access_arguments, configure_from_args
 from chaos.cli.command import Subcommands
 from chaos.durations import parse_duration
 from chaos.errors import UsageError
@@ -33,6 +35,7 @@ def register(commands: Subcommands) -> None:
     p.add_argument("--ray-address", default=None, help="join this Ray cluster instead of starting one")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/load-TIME)")
+    add_access_arguments(p)
     p.set_defaults(handler=run)
 
 
@@ -56,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
             if not args.target.startswith(("http://", "https://")):
                 raise UsageError(f"--target: {args.target!r} is neither 'sim' nor an http(s) URL")
             target_url, abort_urls = args.target.rstrip("/"), tuple(args.worker)
+            configure_from_args(args)
+            for url in (target_url, *abort_urls):
+                transport.check_access(url)
         facts = discover_facts(target_url, abort_urls)
         plan = LoadPlan(
             target_url=target_url,

@@ -12,6 +12,8 @@ import re
 import sys
 from pathlib import Path
 
+from chaos import transport
+from chaos.cli.access import add_access_arguments, configure_from_args
 from chaos.cli.command import Subcommands
 from chaos.errors import UsageError
 from chaos.exit_codes import ExitCode
@@ -62,6 +64,7 @@ def register(commands: Subcommands) -> None:
         metavar="SECONDS",
         help=f"per-request HTTP timeout for --url (default {DEFAULT_TIMEOUT_S:g})",
     )
+    add_access_arguments(parser)
     parser.set_defaults(handler=run_preflight_command)
 
 
@@ -122,7 +125,11 @@ def run_preflight_command(args: argparse.Namespace) -> int:
     """Handler: 0 when every node is OK, 1 when any is FAIL or UNKNOWN (usage errors raise)."""
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout:g}: must be a positive number of seconds.")
-    report = run_preflight(resolve_inputs(args), timeout=args.timeout)
+    inputs = resolve_inputs(args)
+    configure_from_args(args)
+    for _, url in inputs.urls:
+        transport.check_access(url)
+    report = run_preflight(inputs, timeout=args.timeout)
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:

@@ -10,6 +10,7 @@ from typing import Any
 
 from chaos.campaign import Campaign, json_schema
 from chaos.campaign_validation import load_campaign, parse_campaign
+from chaos.cli.access import access_overrides, add_access_arguments
 from chaos.cli.command import Subcommands
 from chaos.errors import UsageError
 from chaos.exit_codes import ExitCode
@@ -58,6 +59,7 @@ def register(commands: Subcommands) -> None:
             "all passed)"
         ),
     )
+    add_access_arguments(run)
     run.set_defaults(handler=run_campaign)
     schema = commands.add_parser("schema", help="print the campaign JSON Schema")
     schema.set_defaults(handler=print_schema)
@@ -75,6 +77,7 @@ def run_campaign(args: argparse.Namespace) -> int:
                 "embedded engine (target.kind: sim)"
             )
         overrides["target"]["sim"]["defects"] = list(args.defect)
+    overrides["target"].update(access_overrides(args))
     campaign = parse_campaign(overrides, str(args.campaign))
     out = args.out or Path("runs") / f"{campaign.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     from chaos.runner import Runner  # with Ray and the load machinery: only once a run starts, so --help stays quick

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from chaos import transport
 from chaos.facts.prometheus import Sample, parse_prometheus_text
 from chaos.limits import WorkerLimits
 
@@ -26,7 +27,7 @@ def _int(value: Any) -> int | None:
 def get_json(url: str, timeout_s: float = TIMEOUT_S) -> Any:
     """The JSON body of a 200 answer, else None (unreachable, other status, not JSON)."""
     try:
-        response = httpx.get(url, timeout=timeout_s, trust_env=False)
+        response = transport.get(url, timeout=timeout_s, trust_env=False)
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -35,7 +36,7 @@ def get_json(url: str, timeout_s: float = TIMEOUT_S) -> Any:
 def metric_samples(url: str) -> list[Sample] | None:
     """Every sample at `url`/metrics; None when unreachable or not 200."""
     try:
-        response = httpx.get(f"{url}/metrics", timeout=TIMEOUT_S, trust_env=False)
+        response = transport.get(f"{url}/metrics", timeout=TIMEOUT_S, trust_env=False)
     except httpx.HTTPError:
         return None
     return parse_prometheus_text(response.text) if response.status_code == 200 else None

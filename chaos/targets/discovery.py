@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import httpx
 
+from chaos import transport
 from chaos.facts.endpoints import parse_models, parse_server_info
 from chaos.limits import WorkerLimits
 
@@ -29,7 +30,7 @@ def discover_facts(base_url: str, abort_urls: tuple[str, ...] = (), timeout_s: f
     """Model, context length and pool limits from /v1/models and /server_info; None if unsaid."""
     model, context, pool, max_input = "default", None, None, None
     api: ApiStyle = "openai"
-    with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+    with transport.client(timeout=timeout_s, trust_env=False) as client:
         try:
             models = parse_models(client.get(f"{base_url}/v1/models").json())
             if models.models:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import httpx
 
+from chaos import transport
 from chaos.errors import UsageError
 from chaos.targets.attach import AttachTarget, check_attached
 from chaos.targets.base import Stack, Target, WorkerRole
@@ -61,8 +62,9 @@ def attach(campaign: TargetedCampaign, run_dir: Path) -> Target:
     assert spec.url is not None  # TargetSpec requires it for kind 'attach'
     url = spec.url.rstrip("/")
     try:
-        httpx.get(f"{url}/v1/models", timeout=5.0, trust_env=False)
+        transport.get(f"{url}/v1/models", timeout=5.0, trust_env=False)
     except httpx.HTTPError as exc:
+        transport.raise_if_untrusted(url, exc)
         raise UsageError(f"target.url: cannot reach {url} ({type(exc).__name__}); is the deployment up?") from None
     workers: list[tuple[WorkerRole, str]] = [
         ("prefill" if i == 0 else "decode", w.rstrip("/")) for i, w in enumerate(spec.workers)

@@ -13,6 +13,7 @@ from typing import Literal
 
 import httpx
 
+from chaos import transport
 from chaos.errors import UsageError
 from chaos.journal import EventKind, JournalEvent
 from faults.base import Confirmation, Fault, FaultContext, FaultNotAvailable, FaultParams
@@ -68,7 +69,9 @@ class CacheFlush(Fault):
     def _flush_all(self, urls: list[str]) -> None:
         for url in urls:
             try:
-                answer = str(httpx.post(f"{url}/flush_cache", timeout=CONTROL_TIMEOUT_S, trust_env=False).status_code)
+                answer = str(
+                    transport.post(f"{url}/flush_cache", timeout=CONTROL_TIMEOUT_S, trust_env=False).status_code
+                )
             except httpx.HTTPError as exc:
                 answer = type(exc).__name__
             with self._lock:

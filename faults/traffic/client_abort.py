@@ -18,6 +18,7 @@ from typing import Literal
 
 import httpx
 
+from chaos import transport
 from chaos.errors import UsageError
 from chaos.facts.endpoints import loads_ranks
 from faults.base import Confirmation, FaultContext, FaultNotAvailable, FaultParams
@@ -110,7 +111,7 @@ def transfer_latency_s(ctx: FaultContext) -> float | None:
     values = []
     for worker in ctx.target.endpoints.of("prefill"):
         try:
-            loads = httpx.get(f"{worker.url}/v1/loads", timeout=CONTROL_TIMEOUT_S, trust_env=False).json()
+            loads = transport.get(f"{worker.url}/v1/loads", timeout=CONTROL_TIMEOUT_S, trust_env=False).json()
         except (httpx.HTTPError, ValueError):
             continue
         for rank in loads_ranks(loads):

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 
+from chaos import transport
 from chaos.errors import UsageError
 from chaos.markers import MAX_REQUEST_INDEX, MarkerCodec, new_run_prefix, validate_run_prefix
 from faults.base import Fault, FaultContext
@@ -54,7 +55,7 @@ def window_index_base(window_id: str) -> int:
 
 def fault_client() -> httpx.AsyncClient:
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
-    return httpx.AsyncClient(timeout=timeout, trust_env=False, limits=httpx.Limits(max_connections=64))
+    return transport.async_client(timeout=timeout, trust_env=False, limits=httpx.Limits(max_connections=64))
 
 
 class TrafficSource:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import httpx
 
+from chaos import transport
 from chaos.facts.log_records import iter_log_records
 from chaos.facts.log_starts import parse_log
 from chaos.facts.prometheus import parse_prometheus_text
@@ -111,7 +112,7 @@ def pool_checks(stack: LaunchedServers, inventory: GpuInventory | None = None) -
             continue
         url = settings.url
         try:
-            metrics = memory_from_metrics(httpx.get(f"{url}/metrics", timeout=5.0, trust_env=False).text)
+            metrics = memory_from_metrics(transport.get(f"{url}/metrics", timeout=5.0, trust_env=False).text)
         except httpx.HTTPError:
             metrics = EngineMemory()
         memory = metrics.over(memory_from_log(stack.logs(role).splitlines()))

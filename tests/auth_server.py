@@ -1,0 +1,114 @@
+"""A gateway-like OpenAI-compatible server for the credential tests: it demands
+`Authorization: Bearer <key>` (401 without it, 403 with another) and echoes every request header
+into its replies, as a careless gateway or debug endpoint would, so a leak of the key into any
+artifact shows up. HTTP, or HTTPS with a certificate from a test CA (trustme).
+
+Words are tokens; the context is CONTEXT words and a longer prompt gets a 400 that says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+import threading
+from typing import Any
+
+from aiohttp import web
+
+CONTEXT = 2048
+
+
+class AuthEchoServer:
+    def __init__(self, key: str, *, tls: ssl.SSLContext | None = None) -> None:
+        self.key = key
+        self.tls = tls
+        self.unauthorized = 0  # requests refused for their credentials
+        self.loop = asyncio.new_event_loop()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        scheme = "https" if tls else "http"
+        host = "localhost" if tls else "127.0.0.1"  # the test CA's certificate names localhost
+        self.url = f"{scheme}://{host}:{self.sock.getsockname()[1]}"
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.headers.get("Authorization")
+        if given != f"Bearer {self.key}":
+            self.unauthorized += 1
+            status = 401 if given is None else 403
+            # echoes what it was given, as many gateways do in their error bodies
+            return web.json_response({"error": {"message": f"bad credentials: {given}", "code": status}}, status=status)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": "echo-model", "object": "model", "max_model_len": CONTEXT}]}
+        )
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        chat = request.path.endswith("/chat/completions")
+        prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        words = len(str(prompt).split())
+        if words + int(body.get("max_tokens") or 16) > CONTEXT:
+            return web.json_response(
+                {
+                    "object": "error",
+                    "message": f"This model's maximum context length is {CONTEXT} tokens. "
+                    f"However, you requested {words} tokens in the messages.",
+                    "code": 400,
+                },
+                status=400,
+            )
+        echo = "; ".join(f"{k}={v}" for k, v in request.headers.items())
+        pieces = [f"{prompt} ", f"(headers: {echo})"]  # repeats the prompt's markers, then the headers
+        pieces = pieces[: max(1, int(body.get("max_tokens") or len(pieces)))]
+        usage = {"prompt_tokens": words, "completion_tokens": len(pieces), "total_tokens": words + len(pieces)}
+        if not body.get("stream"):
+            text = "".join(pieces)
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "stop"}
+            )
+            return web.json_response({"id": "x", "object": "completion", "choices": [choice], "usage": usage})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for piece in pieces:
+            delta = {"delta": {"content": piece}} if chat else {"text": piece}
+            choice = {"index": 0, **delta, "finish_reason": None}
+            await response.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
+        done = {"index": 0, "finish_reason": "stop", **({"delta": {}} if chat else {"text": ""})}
+        await response.write(f"data: {json.dumps({'choices': [done], 'usage': usage})}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application(middlewares=[self._auth], client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        self.loop.run_until_complete(web.SockSite(self.runner, self.sock, ssl_context=self.tls).start())
+        self.started.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.runner.cleanup())
+        self.loop.close()
+
+    def __enter__(self) -> AuthEchoServer:
+        self.thread.start()
+        assert self.started.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
