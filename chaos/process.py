@@ -24,6 +24,7 @@ import psutil
 # Process states of a member that has exited (a zombie waits only to be reaped): it runs nothing
 # and holds no port, so a group of them is gone.
 EXITED = ("Z", "X")
+PF_EXITING = 0x4  # include/linux/sched.h: the task is getting shut down
 
 
 _HANDED_OUT: set[tuple[str, int]] = set()
@@ -225,12 +226,25 @@ def _owners(sockets: set[str]) -> set[int]:
 
 
 def process_state(pid: int) -> str | None:
-    """The one-letter state of a process from /proc (T = stopped), None if it is gone."""
+    """The one-letter state of a process from /proc (T = stopped), None if it is gone; "X" for
+    one the kernel is tearing down."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+            return state_of_stat(f.read())
+    except (OSError, IndexError, ValueError):
         return None
+
+
+def state_of_stat(stat: str) -> str:
+    """The state in a /proc/PID/stat line, "X" (dead) once the process is exiting.
+
+    A SIGKILLed process with a large address space (a vLLM worker) can show "R" for tens of
+    seconds on a loaded machine while the kernel unmaps its memory; it never runs its own code
+    again, so it counts as gone (PF_EXITING in the flags field).
+    """
+    fields = stat.rsplit(")", 1)[1].split()
+    state, flags = fields[0], int(fields[6])
+    return "X" if flags & PF_EXITING and state not in EXITED else state
 
 
 def started_at(pid: int) -> float | None:

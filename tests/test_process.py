@@ -19,7 +19,9 @@ from chaos.process import (
     kill_group,
     launch,
     listener_pids,
+    live_states,
     process_state,
+    state_of_stat,
     wait_http_ok,
 )
 from tests.bystander import Bystander
@@ -103,3 +105,17 @@ def test_readiness_answered_by_another_process_on_our_port_is_a_lost_port(tmp_pa
         assert listener_pids(port) == {server.pid}
     finally:
         server.stop()
+
+
+def test_a_member_the_kernel_is_tearing_down_counts_as_gone_whatever_state_it_shows() -> None:
+    # /proc/PID/stat of a SIGKILLed vLLM worker still unmapping its memory: "R", flags with PF_EXITING
+    exiting = "4242 (VLLM::Worker (x)) R 1 4242 4242 0 -1 4194884 120 0 0 0 9 3 0 0 20 0 8 0"
+    running = "4243 (python) R 1 4242 4242 0 -1 4194560 120 0 0 0 9 3 0 0 20 0 8 0"
+    stopped = "4244 (python) T 1 4242 4242 0 -1 4194560 120 0 0 0 9 3 0 0 20 0 8 0"
+    assert state_of_stat(exiting) == "X"
+    assert state_of_stat(running) == "R" and state_of_stat(stopped) == "T"
+    assert live_states({4242: state_of_stat(exiting), 4243: state_of_stat(running)}) == {4243: "R"}
+
+
+def test_our_own_process_reads_as_running_not_exiting() -> None:
+    assert process_state(os.getpid()) in ("R", "S")
