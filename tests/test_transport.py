@@ -1,7 +1,7 @@
 """Credentials and TLS (chaos/transport.py): the key reaches the target and nothing else.
 
 Against a gateway-like server that demands a bearer token and echoes every request header into
-its replies (tests/auth_server.py): a run with the key in the named variable gets answers and
+its replies (tests/openai_server.py): a run with the key in the named variable gets answers and
 leaves no byte of the key in its run directory; a wrong key, or a certificate nobody trusts, stops
 the run with exit 2 and a message that names the variable or the option, never the key.
 """
@@ -27,7 +27,7 @@ from chaos.errors import UsageError
 from chaos.journal import Journal, Outcome, RequestRecord
 from chaos.targets.spec import TargetSpec
 from chaos.transport import Transport, scrub_tree
-from tests.auth_server import AuthEchoServer
+from tests.openai_server import AuthEchoServer
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-pdchaos-test-7f3a9c41d2e8b605"

@@ -84,7 +84,7 @@ class AttachTarget:
     run_dir: Path = Path(".")
     processes_given: list[Any] = field(default_factory=list)  # campaign AttachedProcess entries (role, pid, log)
     kind: str = "attach"
-    dialect: EngineDialect = SGLANG  # a URL says little of its engine: SGLang's endpoints are the likeliest
+    dialect: EngineDialect = SGLANG  # attach() reads OPENAI where the URLs speak no SGLang endpoint
 
     def __post_init__(self) -> None:
         self._started = {p.pid: started_at(p.pid) for p in self.processes_given if p.pid is not None}

@@ -3,12 +3,13 @@
 Faults and the runner read a target through its dialect instead of hard-coding one engine's metric
 names and log lines, so the same fault confirms itself on SGLang (and the embedded engine, which
 speaks SGLang's formats) and on vLLM. Every target names its dialect in its `dialect` attribute
-(`chaos.targets.base.Target`); one attached by URL is read as SGLang, whose endpoints it most
-often has.
+(`chaos.targets.base.Target`); one attached by URL is read as SGLang when it speaks SGLang's
+endpoints (`speaks_sglang`), else as a plain OpenAI-compatible server (`OPENAI`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -97,3 +98,36 @@ class EngineDialect:
 
 
 SGLANG = EngineDialect()
+
+
+class OpenAIDialect(EngineDialect):
+    """An attached server that speaks only the OpenAI routes (no /generate, /server_info,
+    /abort_request or /flush_cache): faults send /v1/completions and abort by disconnecting."""
+
+    name = "openai"
+    request_api = "openai"
+    transfer_failure_metrics = ()
+    aborted_metrics = ()
+    held_back_metrics = ()
+    flush_cache_path = None
+    abort_path = None
+    server_info_path = None
+
+    def limits(self, url: str) -> WorkerLimits:
+        return WorkerLimits(None, models_max_len(url), None)
+
+
+OPENAI = OpenAIDialect()
+
+
+def speaks_sglang(urls: Iterable[str]) -> bool:
+    """Whether any of the URLs is an SGLang server or router: it states /server_info (or the older
+    /get_server_info), or lists its workers at /workers (the router)."""
+    for url in urls:
+        for path in ("/server_info", "/get_server_info", "/workers"):
+            try:
+                if transport.get(f"{url}{path}", timeout=TIMEOUT_S).status_code == 200:
+                    return True
+            except httpx.HTTPError:
+                continue
+    return False

@@ -17,6 +17,7 @@ from chaos import transport
 from chaos.errors import UsageError
 from chaos.targets.attach import AttachTarget, check_attached
 from chaos.targets.base import Stack, Target, WorkerRole
+from chaos.targets.dialect import OPENAI, SGLANG, speaks_sglang
 from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand
 from chaos.targets.nodes import RayLauncher
 from chaos.targets.spec import TargetSpec
@@ -70,7 +71,8 @@ def attach(campaign: TargetedCampaign, run_dir: Path) -> Target:
         ("prefill" if i == 0 else "decode", w.rstrip("/")) for i, w in enumerate(spec.workers)
     ]
     check_attached(spec.processes)
-    return AttachTarget(url, workers, run_dir, processes_given=list(spec.processes))
+    dialect = SGLANG if speaks_sglang([url, *(w for _, w in workers)]) else OPENAI
+    return AttachTarget(url, workers, run_dir, processes_given=list(spec.processes), dialect=dialect)
 
 
 def plan_target(campaign: TargetedCampaign, run_dir: Path, ray_address: str | None = None) -> list[PlannedCommand]:

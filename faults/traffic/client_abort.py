@@ -242,6 +242,11 @@ class ClientAbort(TrafficFault):
         moved = f"workers' {counters} +{max(counted, 0):.0f}" + (
             f", abort log lines +{logged}" if ctx.baseline.get("abort_logs") else ""
         )
+        if not self._server_counts_aborts(ctx):
+            # Nothing on the server side to read (a plain OpenAI server, or no worker URLs given):
+            # the client's own ending is all the evidence there is, and it is said so.
+            moved = "the target states no abort count (no worker metrics or log): confirmed by the client's ending"
+            rose = 1 if ended else 0
         plan: AbortPlan | None = ctx.baseline.get("plan")
         delay = plan.delay(self.p.phase) if plan else None
         when = "after the first streamed token" if delay is None else f"at {1000 * delay:.0f} ms"
@@ -253,6 +258,11 @@ class ClientAbort(TrafficFault):
             f"{moved}"
         )
         return Confirmation(bool(ended) and rose > 0, evidence)
+
+    @staticmethod
+    def _server_counts_aborts(ctx: FaultContext) -> bool:
+        dialect = ctx.target.dialect
+        return bool(ctx.target.endpoints.workers) and bool(dialect.aborted_metrics or dialect.aborted_log)
 
     def _ended_as_abort(self, ex: Exchange) -> bool:
         if self.p.method == "disconnect":

@@ -1,4 +1,5 @@
-"""A gateway-like OpenAI-compatible server for the credential tests: it demands
+"""A gateway-like OpenAI-compatible server (no /generate, /server_info or worker endpoints) for
+the credential and attach tests: it demands
 `Authorization: Bearer <key>` (401 without it, 403 with another) and echoes every request header
 into its replies, as a careless gateway or debug endpoint would, so a leak of the key into any
 artifact shows up. HTTP, or HTTPS with a certificate from a test CA (trustme).
@@ -21,9 +22,10 @@ CONTEXT = 2048
 
 
 class AuthEchoServer:
-    def __init__(self, key: str, *, tls: ssl.SSLContext | None = None) -> None:
-        self.key = key
+    def __init__(self, key: str | None, *, tls: ssl.SSLContext | None = None, token_delay_s: float = 0.0) -> None:
+        self.key = key  # None: a server without credentials
         self.tls = tls
+        self.token_delay_s = token_delay_s  # between streamed tokens, so a client can abort mid-stream
         self.unauthorized = 0  # requests refused for their credentials
         self.loop = asyncio.new_event_loop()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -38,7 +40,7 @@ class AuthEchoServer:
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         given = request.headers.get("Authorization")
-        if given != f"Bearer {self.key}":
+        if self.key is not None and given != f"Bearer {self.key}":
             self.unauthorized += 1
             status = 401 if given is None else 403
             # echoes what it was given, as many gateways do in their error bodies
@@ -67,8 +69,9 @@ class AuthEchoServer:
                 status=400,
             )
         echo = "; ".join(f"{k}={v}" for k, v in request.headers.items())
-        pieces = [f"{prompt} ", f"(headers: {echo})"]  # repeats the prompt's markers, then the headers
-        pieces = pieces[: max(1, int(body.get("max_tokens") or len(pieces)))]
+        budget = max(1, int(body.get("max_tokens") or 2))
+        # repeats the prompt's markers, then the headers, then one word per token up to max_tokens
+        pieces = ([f"{prompt} ", f"(headers: {echo})"] + [" ok"] * budget)[:budget]
         usage = {"prompt_tokens": words, "completion_tokens": len(pieces), "total_tokens": words + len(pieces)}
         if not body.get("stream"):
             text = "".join(pieces)
@@ -81,6 +84,8 @@ class AuthEchoServer:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for piece in pieces:
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
             delta = {"delta": {"content": piece}} if chat else {"text": piece}
             choice = {"index": 0, **delta, "finish_reason": None}
             await response.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
