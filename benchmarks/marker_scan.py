@@ -2,10 +2,11 @@
 
 The leak oracle (`chaos/oracles/leaks.py`) calls `MarkerCodec.scan` once on every recorded
 response. The scan is two compiled regular expressions that know nothing about which markers
-are in flight, so its cost should not depend on how many there are. The naive alternative
-loops over every marker in flight and searches for it (`for m in in_flight: text.find(m)`);
-its cost grows with the number of markers. This script measures both, in MB of response text
-per second, with 10, 10,000 and 1,000,000 markers in flight.
+are in flight, so its cost depends on the hits it decodes (see below for what a codec
+remembers), not on how many markers there are. The naive alternative loops over every marker
+in flight and searches for it (`for m in in_flight: text.find(m)`); its cost grows with the
+number of markers. This script measures both, in MB of response text per second, with 10,
+10,000 and 1,000,000 markers in flight.
 
 The corpus is model-like response text (prose, code, upper-case IDs and hex), about
 `--mb` MB in responses of 200 to 6,000 characters. Half the responses repeat their prompt's
@@ -23,12 +24,23 @@ The naive search finds only whole markers of this run; the scan also finds fragm
 runs' markers, so it does more. For large counts the naive search is too slow to run in full:
 it is timed on a random sample of the markers in flight (sized to take about `--naive-budget`
 seconds per repetition) and extrapolated linearly, cost x N / sample. The output says when.
-The two methods take turns within one repetition (scan first, then naive first in the next), and
-the table gives medians over `--reps` repetitions. Before timing, it checks that both methods
-find the same whole markers on the sampled markers.
+Within one repetition the scan, the marker-free pass (below) and the naive search take turns
+going first, and the table gives medians over `--reps` repetitions. Before timing, it checks
+that both methods find the same whole markers on the sampled markers.
 
-    .venv/bin/python benchmarks/marker_scan.py                  # about 30 s on 2 cores
+The marker-free pass: the same generator's prose with no markers at all, scanned the same way.
+It is what the scan costs when no hit needs any work, so `scan_over_clean` (scan MB/s over
+marker-free MB/s, same unit) and `per_hit_us` (the time above it, per hit) say what hits cost.
+
+A codec remembers the head matches it has decoded, so a marker seen again costs a dict lookup.
+Every timed pass gets a new codec, as every evaluation of the leak oracle does: a pass finds
+remembered only what it met earlier in itself. At 10 markers in flight the corpus holds 20
+distinct whole markers, so nearly every hit is a repeat; at 1,000,000 nearly none is
+(`distinct_hits`).
+
+    .venv/bin/python benchmarks/marker_scan.py                  # about 13 s on 2 cores
     .venv/bin/python benchmarks/marker_scan.py --mb 4 --reps 5 --counts 10,10000,1000000 --json out.json
+    .venv/bin/python benchmarks/marker_scan.py --short --json out.json   # a second or two: the tests' run
 """
 
 from __future__ import annotations
@@ -254,13 +266,17 @@ class Row:
     in_flight: int
     sample: int
     scan_s: list[float] = field(default_factory=list)
+    clean_s: list[float] = field(default_factory=list)  # the marker-free corpus, in the same repetitions
+    clean_mb: float = 0.0
     naive_s: list[float] = field(default_factory=list)  # extrapolated to all markers in flight
     scan_hits: int = 0
+    distinct_hits: int = 0  # distinct hit texts: what a codec can remember within one pass
     agree: bool = True
     sample_found: int = 0
 
     def summary(self, mb: float) -> dict[str, Any]:
         scan, naive = statistics.median(self.scan_s), statistics.median(self.naive_s)
+        clean_mb_s = self.clean_mb / statistics.median(self.clean_s)
         return {
             "unit": self.unit,
             "markers_in_flight": self.in_flight,
@@ -271,19 +287,32 @@ class Row:
             "scan_mb_s": mb / scan,
             "naive_mb_s": mb / naive,
             "scan_over_naive": naive / scan,
+            "clean_mb_s": clean_mb_s,
+            "clean_mb_s_range": [self.clean_mb / max(self.clean_s), self.clean_mb / min(self.clean_s)],
+            "scan_over_clean": mb / scan / clean_mb_s,
+            "per_hit_us": (scan - mb / clean_mb_s) / max(self.scan_hits, 1) * 1e6,
             "scan_mb_s_range": [mb / max(self.scan_s), mb / min(self.scan_s)],
             "naive_mb_s_range": [mb / max(self.naive_s), mb / min(self.naive_s)],
             "mb": mb,
             "scan_hits": self.scan_hits,
+            "distinct_hits": self.distinct_hits,
             "methods_agree": self.agree,
             "sample_found": self.sample_found,
         }
 
 
 def measure(
-    codec: MarkerCodec, corpus: Corpus, in_flight: int, unit: str, reps: int, budget_s: float, rng: random.Random
+    codec: MarkerCodec,
+    corpus: Corpus,
+    clean: Corpus,
+    in_flight: int,
+    unit: str,
+    reps: int,
+    budget_s: float,
+    rng: random.Random,
 ) -> Row:
     texts: list[str] = corpus.responses if unit == "response" else [corpus.joined]
+    clean_texts: list[str] = clean.responses if unit == "response" else [clean.joined]
 
     def naive(markers: Sequence[str]) -> int:
         return naive_responses(markers, texts) if unit == "response" else naive_joined(markers, corpus.joined)
@@ -294,36 +323,25 @@ def measure(
     size = max(min(20, in_flight), min(in_flight, int(budget_s / per_marker)))
     picks = range(in_flight) if size == in_flight else rng.sample(range(in_flight), size)
     sample = [in_flight_marker(codec, k) for k in picks]
-    row = Row(unit=unit, in_flight=in_flight, sample=len(sample))
+    row = Row(unit=unit, in_flight=in_flight, sample=len(sample), clean_mb=clean.bytes / 1e6)
+    row.distinct_hits = len({hit.text for text in texts for hit in codec.scan(text)})
     if unit == "response":  # the timing sample plus markers known to be in the text, so hits are compared too
         known = sorted(corpus.embedded)[:50]
         row.agree, row.sample_found = check_agreement(codec, corpus, sorted(set(sample) | set(known)))
     scale = in_flight / len(sample)
+    methods = ("scan", "clean", "naive")
     for rep in range(reps):
-        order = ("scan", "naive") if rep % 2 == 0 else ("naive", "scan")
-        for method in order:
+        for method in methods[rep % 3 :] + methods[: rep % 3]:  # each goes first in turn
+            fresh = MarkerCodec(codec.run_prefix)  # remembers nothing from earlier passes
             if method == "scan":
-                seconds, row.scan_hits = timed(lambda: scan_responses(codec, texts))
+                seconds, row.scan_hits = timed(lambda fresh=fresh: scan_responses(fresh, texts))
                 row.scan_s.append(seconds)
+            elif method == "clean":
+                row.clean_s.append(timed(lambda fresh=fresh: scan_responses(fresh, clean_texts))[0])
             else:
                 seconds, _ = timed(lambda: naive(sample))
                 row.naive_s.append(seconds * scale)
     return row
-
-
-def measure_clean(codec: MarkerCodec, corpus: Corpus, units: Sequence[str], reps: int) -> dict[str, Any]:
-    """The scan alone on text with no markers: the regex passes, without any per-hit work."""
-    mb = corpus.bytes / 1e6
-    out: dict[str, Any] = {"mb": mb}
-    for unit in units:
-        texts = corpus.responses if unit == "response" else [corpus.joined]
-        runs = [timed(lambda texts=texts: scan_responses(codec, texts))[0] for _ in range(reps)]
-        out[unit] = {
-            "scan_mb_s": mb / statistics.median(runs),
-            "range": [mb / max(runs), mb / min(runs)],
-            "hits": scan_responses(codec, texts),
-        }
-    return out
 
 
 # ------------------------------------------------------------------------------- output ----
@@ -370,11 +388,21 @@ def markdown(report: dict[str, Any]) -> str:
             f"- corpus: {c['mb']:.2f} MB in {c['responses']:,} responses (median {c['median_chars']:,} chars); per count "
             f"{c['embedded_whole']:,} whole markers of this run, {c['fragments']} fragments, {c['foreign']} other-run markers"
         ),
-        f"- {report['reps']} repetitions, medians; scan and naive alternate within each repetition",
+        (
+            f"- marker-free corpus: {report['clean_corpus']['mb']:.2f} MB in {report['clean_corpus']['responses']:,} "
+            "responses of the same generator's prose, scanned like the others (what the scan costs with no hit to decode)"
+        ),
+        (
+            f"- {report['reps']} repetitions, medians; in each, the scan, the marker-free pass and the naive search "
+            "take turns going first; every scan pass gets a new codec (nothing remembered from earlier passes)"
+        ),
         "- methods agree: on the timed markers plus 50 markers known to be in the corpus, both find the same whole markers in every response",
         "",
-        "| markers in flight | unit | scan MB/s | naive MB/s | scan / naive speed | naive markers timed | scan hits | methods agree |",
-        "|---:|---|---:|---:|---:|---:|---:|---|",
+        (
+            "| markers in flight | unit | scan MB/s | marker-free MB/s | scan / marker-free speed | µs per hit | "
+            "naive MB/s | scan / naive speed | naive markers timed | scan hits (distinct) | methods agree |"
+        ),
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in report["rows"]:
         timed_note = f"{r['naive_markers_timed']:,}" + (" (extrapolated)" if r["extrapolated"] else " (all)")
@@ -384,37 +412,11 @@ def markdown(report: dict[str, Any]) -> str:
             else "–"
         )
         lines.append(
-            f"| {r['markers_in_flight']:,} | {r['unit']} | {fmt(r['scan_mb_s'])} | {fmt(r['naive_mb_s'])} | "
-            f"{fmt(r['scan_over_naive'])}× | {timed_note} | {r['scan_hits']:,} | {agree} |"
+            f"| {r['markers_in_flight']:,} | {r['unit']} | {fmt(r['scan_mb_s'])} | {fmt(r['clean_mb_s'])} | "
+            f"{r['scan_over_clean']:.2f}× | "
+            f"{r['per_hit_us']:.2f} | {fmt(r['naive_mb_s'])} | {fmt(r['scan_over_naive'])}× | {timed_note} | "
+            f"{r['scan_hits']:,} ({r['distinct_hits']:,}) | {agree} |"
         )
-    clean = report.get("clean")
-    if clean:
-        lines += [
-            "",
-            f"The same prose with no markers at all ({clean['mb']:.2f} MB): the scan's two regex passes alone.",
-            "",
-            "| unit | scan MB/s (median) | range over repetitions | hits |",
-            "|---|---:|---:|---:|",
-        ]
-        for unit in ("response", "joined"):
-            if unit in clean:
-                c = clean[unit]
-                lines.append(
-                    f"| {unit} | {fmt(c['scan_mb_s'])} | {fmt(c['range'][0])}–{fmt(c['range'][1])} | {c['hits']} |"
-                )
-        per_hit = [
-            (r["scan_s"] - r["mb"] / clean["response"]["scan_mb_s"]) / r["scan_hits"] * 1e6
-            for r in report["rows"]
-            if r["unit"] == "response" and r["scan_hits"] and "response" in clean
-        ]
-        if per_hit:
-            lines += [
-                "",
-                (
-                    f"Per-response scan time above the marker-free pass, per hit reported: "
-                    f"{', '.join(f'{x:.0f}' for x in per_hit)} µs (by count in flight)."
-                ),
-            ]
     return "\n".join(lines)
 
 
@@ -432,7 +434,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", default=None, help="also write the report here")
-    return p.parse_args(argv)
+    p.add_argument("--short", action="store_true", help="the tests' run: 0.2 MB, one repetition, a 0.02 s naive budget")
+    args = p.parse_args(argv)
+    if args.short:
+        args.mb, args.reps, args.naive_budget = 0.2, 1, 0.02
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,8 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     shape: dict[str, Any] = {}
     clean = build_corpus(codec, foreign, 1, int(args.mb * 1e6), args.seed, markers=False)
-    report["clean"] = measure_clean(codec, clean, units, args.reps)
-    del clean
+    report["clean_corpus"] = {"mb": clean.bytes / 1e6, "responses": len(clean.responses)}
     for count in counts:
         corpus = build_corpus(codec, foreign, count, int(args.mb * 1e6), args.seed)
         mb = corpus.bytes / 1e6
@@ -461,11 +466,12 @@ def main(argv: list[str] | None = None) -> int:
             "foreign": corpus.foreign,
         }
         for unit in units:
-            row = measure(codec, corpus, count, unit, args.reps, args.naive_budget, rng).summary(mb)
+            row = measure(codec, corpus, clean, count, unit, args.reps, args.naive_budget, rng).summary(mb)
             report["rows"].append(row)
             print(
-                f"[marker_scan] {count:>9,} in flight, {unit:8}: scan {fmt(row['scan_mb_s'])} MB/s, "
-                f"naive {fmt(row['naive_mb_s'])} MB/s ({row['naive_markers_timed']:,} timed)",
+                f"[marker_scan] {count:>9,} in flight, {unit:8}: scan {fmt(row['scan_mb_s'])} MB/s "
+                f"({row['scan_over_clean']:.2f}x marker-free), naive {fmt(row['naive_mb_s'])} MB/s "
+                f"({row['naive_markers_timed']:,} timed)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -30,6 +30,8 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import NamedTuple
 
 SENTINEL = "UUL"
 ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford base32: no I, L, O, U
@@ -71,12 +73,16 @@ class Marker:
         return encode_marker(self.run_prefix, self.request_index, self.slot)
 
 
-@dataclass(frozen=True)
-class MarkerHit:
+class MarkerHit(NamedTuple):
     """One marker or fragment found in a text.
 
     `request_index` and `slot` are those of run `run_prefix`; for a foreign run they are that
     run's numbers, never one of ours. They are None when the fragment is cut before them.
+
+    A named tuple rather than a frozen dataclass: the scan builds one per hit, and a frozen
+    dataclass's __init__ (one object.__setattr__ per field) cost more than all the rest of the
+    per-hit work. It is just as immutable and hashable, with the same fields and repr; being a
+    tuple, it also unpacks and equals a plain tuple of the same fields.
     """
 
     text: str
@@ -101,6 +107,14 @@ class MarkerHit:
         return _encode_int(request_index, ID_WIDTH).startswith(seen_id)
 
 
+_OFFSET = attrgetter("offset")
+_WHOLE, _FRAGMENT = HitKind.WHOLE, HitKind.FRAGMENT  # an enum member lookup costs 0.1 us a hit
+_new_hit = tuple.__new__
+# kind, body, run_prefix, request_index, slot, verified, foreign_run: a MarkerHit after its offset
+_HitFields = tuple[HitKind, str, str | None, int | None, int | None, bool, bool]
+_KNOWN_HEADS_MAX = 1 << 12  # head matches remembered per codec: about 1.5 MB at most
+
+
 def _encode_int(value: int, width: int) -> str:
     chars = []
     for _ in range(width):
@@ -111,18 +125,33 @@ def _encode_int(value: int, width: int) -> str:
     return "".join(reversed(chars))
 
 
-# Crockford digits to the ones int(..., 32) reads, so decoding runs in C.
-_TO_STANDARD_BASE32 = str.maketrans(ALPHABET, "0123456789ABCDEFGHIJKLMNOPQRSTUV")
+# Crockford digits to the ones int(..., 32) reads, so decoding runs in C. A bytes table:
+# str.translate looks each character up in a dict, bytes.translate indexes 256 bytes (half the cost).
+_TO_STANDARD_BASE32 = bytes.maketrans(ALPHABET.encode(), b"0123456789ABCDEFGHIJKLMNOPQRSTUV")
 
 
 def _decode_int(text: str) -> int:
-    return int(text.translate(_TO_STANDARD_BASE32), 32)
+    return int(text.encode("ascii").translate(_TO_STANDARD_BASE32), 32)
+
+
+# The hash state holding the key: copying it costs half of keying a new one (the check, 3/4).
+_CHECK_HASH = hashlib.blake2b(key=_CHECK_KEY, digest_size=8)
+_BITS = 5  # per base32 character
+assert len(ALPHABET) == 1 << _BITS
+_SLOT_MASK = (1 << _BITS * SLOT_WIDTH) - 1
+_CHECK_MASK = (1 << _BITS * CHECK_WIDTH) - 1
+
+
+def _check_value(payload: bytes) -> int:
+    """The check code of a body's run + id + slot characters, as the number its characters spell."""
+    digest = _CHECK_HASH.copy()
+    digest.update(payload)
+    return int.from_bytes(digest.digest(), "big") & _CHECK_MASK
 
 
 def _check_of(payload: str) -> str:
     """The check characters for a body's run + id + slot characters."""
-    digest = hashlib.blake2b(payload.encode("ascii"), key=_CHECK_KEY, digest_size=8).digest()
-    return _encode_int(int.from_bytes(digest, "big") % len(ALPHABET) ** CHECK_WIDTH, CHECK_WIDTH)
+    return _encode_int(_check_value(payload.encode("ascii")), CHECK_WIDTH)
 
 
 def validate_run_prefix(run_prefix: str) -> str:
@@ -181,7 +210,12 @@ class MarkerCodec:
         # a literal, which lets the regex engine skip ahead to it (about 1 ms per MB); one
         # alternation of both has no literal prefix and scans 30 times slower.
         self._head = re.compile(f"{SENTINEL}({_BODY_CHAR}{{{min_fragment_body},{BODY_WIDTH}}})")
-        self._tail = re.compile(f"{run_prefix}{_BODY_CHAR}{{{ID_WIDTH},{BODY_WIDTH - RUN_WIDTH}}}")
+        # Every own marker's body matches the tail pattern too. When the sentinel + prefix before
+        # it is always a reported head (min_fragment_body <= 4), the tail pass would only skip it:
+        # the lookbehind does so inside the regex engine instead of in the Python loop.
+        own_head = f"(?<!{SENTINEL}{run_prefix})" if min_fragment_body <= RUN_WIDTH else ""
+        self._tail = re.compile(f"{run_prefix}{own_head}{_BODY_CHAR}{{{ID_WIDTH},{BODY_WIDTH - RUN_WIDTH}}}")
+        self._known_heads: dict[str, tuple[str, _HitFields]] = {}
 
     def marker(self, request_index: int, slot: int = 0) -> str:
         return encode_marker(self.run_prefix, request_index, slot)
@@ -205,38 +239,57 @@ class MarkerCodec:
     def scan(self, text: str) -> list[MarkerHit]:
         """Every marker and fragment in `text`, by offset: two linear passes, one per pattern."""
         heads = self._scan_heads(text)
-        return sorted(heads + self._scan_tails(text, heads), key=lambda hit: hit.offset)
+        tails = self._scan_tails(text, heads)
+        # Each list is in offset order already; a hit-free or head-only text needs no sort.
+        return sorted(heads + tails, key=_OFFSET) if tails and heads else heads or tails
 
     def _scan_heads(self, text: str) -> list[MarkerHit]:
         hits: list[MarkerHit] = []
+        known = self._known_heads
         for match in self._head.finditer(text):
-            body = match.group(1)
-            cut = self._cut_point(body)
-            if cut > 0:
-                if cut < self.min_fragment_body:
-                    continue  # the tail pass reports what starts at the cut
-                body = body[:cut]
-            hits.append(self._hit(text, match.start(), match.start(1), body))
+            # What a head match reports depends on its characters only, and markers recur (a
+            # prompt repeats its own, a reply echoes them): a repeat costs a dict lookup, not a
+            # decode and a keyed hash.
+            head = known.get(match[0]) or self._decode_head(match[0])
+            if head is not None:
+                # tuple.__new__ skips the named tuple's Python-level __new__ (a third of its cost)
+                hits.append(_new_hit(MarkerHit, (head[0], match.start()) + head[1]))
         return hits
+
+    def _decode_head(self, matched: str) -> tuple[str, _HitFields] | None:
+        """The text and fields of the hit a head match reports (None: none), remembered."""
+        text, body = matched, matched[len(SENTINEL) :]
+        cut = self._cut_point(body)
+        if cut > 0:
+            if cut < self.min_fragment_body:
+                return None  # the tail pass reports what starts at the cut
+            body = body[:cut]
+            text = SENTINEL + body
+        kind = _WHOLE if len(body) == BODY_WIDTH else _FRAGMENT
+        if len(self._known_heads) >= _KNOWN_HEADS_MAX:
+            self._known_heads.clear()  # bounded: a long run's old markers rarely come back
+        head = self._known_heads[matched] = (text, self._fields(body, kind))
+        return head
 
     def _scan_tails(self, text: str, heads: list[MarkerHit]) -> list[MarkerHit]:
         """Bodies that lost their sentinel; a match inside a head hit is that head's own body."""
         hits: list[MarkerHit] = []
-        pos, next_head = 0, 0
-        while (match := self._tail.search(text, pos)) is not None:
+        search = self._tail.search
+        pos, next_head, head_count = 0, 0, len(heads)
+        while (match := search(text, pos)) is not None:
             start = match.start()
-            while next_head < len(heads) and heads[next_head].end <= start:
+            while next_head < head_count and heads[next_head].end <= start:
                 next_head += 1
-            if next_head < len(heads) and heads[next_head].offset <= start:
+            if next_head < head_count and heads[next_head].offset <= start:
                 pos = heads[next_head].end  # a cut head may end before this match does
                 continue
-            body = match.group()
+            body = match[0]
             cut = self._cut_point(body)
             if cut > 0:
                 body = body[:cut]
             pos = start + len(body)
             if len(body) >= _ID_END:
-                hits.append(self._hit(text, start, start, body))
+                hits.append(_new_hit(MarkerHit, (body, start) + self._fields(body, _FRAGMENT)))
         return hits
 
     def _cut_point(self, body: str) -> int:
@@ -244,10 +297,30 @@ class MarkerCodec:
 
         Two cut markers back to back ("UULK7QX00" + "K7QX000005...") read as one body that
         fails its check; ending the first at the second's run prefix lets both be attributed.
+        The prefix is looked for first, so the check is hashed here only in the rare case.
         """
-        if len(body) == BODY_WIDTH and body[_SLOT_END:] == _check_of(body[:_SLOT_END]):
+        cut = body.find(self.run_prefix, 1)
+        if cut > 0 and len(body) == BODY_WIDTH and body[_SLOT_END:] == _check_of(body[:_SLOT_END]):
             return -1
-        return body.find(self.run_prefix, 1)
+        return cut
+
+    def _fields(self, body: str, kind: HitKind) -> _HitFields:
+        """A hit's fields after its offset."""
+        size = len(body)
+        run = body[:RUN_WIDTH] if size >= RUN_WIDTH else None
+        index = slot = None
+        verified = False
+        if size >= _ID_END:
+            # id, slot and the visible check characters as one base32 number: one decode, in C;
+            # base 32 is 5 bits a character, so shifts and masks split it.
+            raw = body.encode("ascii")
+            value = int(raw[RUN_WIDTH:].translate(_TO_STANDARD_BASE32), 32)
+            after_id = _BITS * (size - _ID_END)
+            index = value >> after_id
+            if size >= _SLOT_END:
+                slot = (value >> (after_id - _BITS * SLOT_WIDTH)) & _SLOT_MASK
+            verified = size == BODY_WIDTH and value & _CHECK_MASK == _check_value(raw[:_SLOT_END])
+        return kind, body, run, index, slot, verified, run is not None and run != self.run_prefix
 
     def scan_others(self, text: str, owner_index: int) -> list[MarkerHit]:
         """Hits of this run that cannot be `owner_index`'s own: the leak primitive.
@@ -260,22 +333,3 @@ class MarkerCodec:
             for hit in self.scan(text)
             if hit.run_prefix == self.run_prefix and not hit.could_be_owned_by(self.run_prefix, owner_index)
         ]
-
-    def _hit(self, text: str, start: int, body_start: int, body: str) -> MarkerHit:
-        end = body_start + len(body)
-        run = body[:RUN_WIDTH] if len(body) >= RUN_WIDTH else None
-        index = _decode_int(body[RUN_WIDTH:_ID_END]) if len(body) >= _ID_END else None
-        slot = _decode_int(body[_ID_END:_SLOT_END]) if len(body) >= _SLOT_END else None
-        verified = len(body) == BODY_WIDTH and body[_SLOT_END:] == _check_of(body[:_SLOT_END])
-        whole = start < body_start and len(body) == BODY_WIDTH
-        return MarkerHit(
-            text=text[start:end],
-            offset=start,
-            kind=HitKind.WHOLE if whole else HitKind.FRAGMENT,
-            body=body,
-            run_prefix=run,
-            request_index=index,
-            slot=slot,
-            verified=verified,
-            foreign_run=run is not None and run != self.run_prefix,
-        )

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 import string
 
 import pytest
 
+from chaos import markers
 from chaos.markers import (
+    ALPHABET,
     MARKER_WIDTH,
     MAX_REQUEST_INDEX,
     MAX_SLOT,
@@ -210,3 +213,146 @@ def test_markers_written_back_to_back_never_merge(codec: MarkerCodec) -> None:
     hits = codec.scan(text)
     assert [h.request_index for h in hits] == list(range(100))
     assert all(h.verified and h.kind is HitKind.WHOLE for h in hits)
+
+
+# --------------------------------------------------------------------- differential ----
+# The scan is tuned (two regexes with a lookbehind, a memo of decoded heads, bit arithmetic on one
+# base32 number); this reference is the plain reading of the format: character loops, the check
+# hashed from its definition, no memo. They must agree hit for hit on random texts.
+
+_CHECK_KEY = b"pdchaos/canary/v1"
+
+
+def _reference_check_ok(body: str) -> bool:
+    if len(body) != 14:
+        return False
+    digest = hashlib.blake2b(body[:11].encode(), key=_CHECK_KEY, digest_size=8).digest()
+    value = int.from_bytes(digest, "big") % 32**3
+    return body[11:] == "".join(ALPHABET[value // 32**k % 32] for k in (2, 1, 0))
+
+
+def _reference_number(digits: str) -> int:
+    value = 0
+    for char in digits:
+        value = value * 32 + ALPHABET.index(char)
+    return value
+
+
+def _reference_hit(run: str, offset: int, body: str, head: bool) -> tuple[object, ...]:
+    prefix = body[:4] if len(body) >= 4 else None
+    return (
+        SENTINEL + body if head else body,
+        offset,
+        HitKind.WHOLE if head and len(body) == 14 else HitKind.FRAGMENT,
+        body,
+        prefix,
+        _reference_number(body[4:10]) if len(body) >= 10 else None,
+        _reference_number(body[10]) if len(body) >= 11 else None,
+        _reference_check_ok(body),
+        prefix is not None and prefix != run,
+        offset + len(body) + (len(SENTINEL) if head else 0),
+    )
+
+
+def _reference_scan(text: str, run: str, min_body: int = 4) -> list[tuple[object, ...]]:
+    """Heads: a sentinel and 1..14 body characters (at least `min_body`), cut where our prefix
+    starts again unless the body verifies. Tails: our prefix and 6..10 more body characters, not
+    inside a head, cut the same way, reported with the whole id."""
+
+    def body_after(start: int, limit: int) -> str:
+        end = start
+        while end < len(text) and end - start < limit and text[end] in ALPHABET:
+            end += 1
+        return text[start:end]
+
+    def cut_point(body: str) -> int:
+        return -1 if _reference_check_ok(body) else body.find(run, 1)
+
+    heads: list[tuple[object, ...]] = []
+    spans: list[tuple[int, int]] = []
+    at = text.find(SENTINEL)
+    while at >= 0:
+        body = body_after(at + 3, 14)
+        if len(body) < min_body:
+            at = text.find(SENTINEL, at + 1)
+            continue
+        next_at = text.find(SENTINEL, at + 3 + len(body))
+        cut = cut_point(body)
+        if cut > 0:
+            body = body[:cut]
+        if cut <= 0 or cut >= min_body:
+            heads.append(_reference_hit(run, at, body, head=True))
+            spans.append((at, at + 3 + len(body)))
+        at = next_at
+    tails: list[tuple[object, ...]] = []
+    pos = 0
+    while (at := text.find(run, pos)) >= 0:
+        body = run + body_after(at + 4, 10)
+        if len(body) < 10:
+            pos = at + 1
+            continue
+        inside = [end for start, end in spans if start <= at < end]
+        if inside:
+            pos = inside[0]
+            continue
+        cut = cut_point(body)
+        if cut > 0:
+            body = body[:cut]
+        pos = at + len(body)
+        if len(body) >= 10:
+            tails.append(_reference_hit(run, at, body, head=False))
+    return sorted(heads + tails, key=lambda hit: hit[1])
+
+
+def _random_text(rng: random.Random, own: MarkerCodec, other_run: str) -> str:
+    markers = [own.marker(rng.randrange(50), rng.randrange(3)) for _ in range(4)]
+    markers.append(encode_marker(other_run, rng.randrange(50), rng.randrange(2)))
+    # ids that spell our run prefix: a verified body holding it twice must not be cut there
+    twice = _reference_number(own.run_prefix + "00") + rng.randrange(1024)
+    markers += [own.marker(twice, rng.randrange(2)), encode_marker(other_run, twice)]
+    noise = "0123456789ABCDEFGHJKMNPQRSTVWXYZ" + "UL" + " \n.-" + "abc"
+    parts = []
+    for _ in range(rng.randrange(1, 14)):
+        roll, marker = rng.random(), rng.choice(markers)
+        if roll < 0.25:
+            parts.append(marker)
+        elif roll < 0.55:  # a page-cut piece: any slice of a marker
+            start = rng.randrange(MARKER_WIDTH)
+            parts.append(marker[start : rng.randrange(start, MARKER_WIDTH + 1)])
+        elif roll < 0.65:  # a mixed marker: one request's head, another's tail
+            cut = rng.randrange(MARKER_WIDTH)
+            parts.append(marker[:cut] + rng.choice(markers)[cut:])
+        elif roll < 0.75:
+            parts.append(rng.choice([SENTINEL, own.run_prefix, own.run_prefix * 2, SENTINEL + own.run_prefix, "UUUL"]))
+        else:
+            parts.append("".join(rng.choice(noise) for _ in range(rng.randrange(0, 20))))
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("min_body", [1, 2, 4, 5, 10, 14])
+def test_scan_equals_a_plain_reference_on_random_texts(min_body: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(markers, "_KNOWN_HEADS_MAX", 16)  # the memo fills and is cleared many times
+    rng = random.Random(min_body)
+    codec = MarkerCodec(RUN, min_fragment_body=min_body)  # one codec for all texts: its memo carries over
+    kinds: set[tuple[HitKind, bool, bool]] = set()
+    for _ in range(1500):
+        text = _random_text(rng, codec, OTHER_RUN)
+        hits = codec.scan(text)
+        assert [(*hit, hit.end) for hit in hits] == _reference_scan(text, RUN, min_body), text
+        assert codec.scan(text) == hits and MarkerCodec(RUN, min_fragment_body=min_body).scan(text) == hits
+        assert codec.scan_others(text, 7) == [
+            h for h in hits if h.run_prefix == RUN and not h.could_be_owned_by(RUN, 7)
+        ]
+        kinds |= {(h.kind, h.verified, h.foreign_run) for h in hits}
+        assert len(codec._known_heads) <= 16
+    # the random texts reach every kind of hit: whole (verified or mixed), fragments, other runs
+    assert {(HitKind.WHOLE, True, False), (HitKind.WHOLE, False, False), (HitKind.WHOLE, True, True)} <= kinds
+    assert {(HitKind.FRAGMENT, True, False), (HitKind.FRAGMENT, False, False)} <= kinds
+
+
+def test_hits_are_immutable_hashable_values(codec: MarkerCodec) -> None:
+    (hit,) = codec.scan("x " + codec.marker(9) + " y")
+    assert hash(hit) == hash(codec.scan("x " + codec.marker(9) + " y")[0])
+    with pytest.raises(AttributeError):
+        hit.offset = 0  # type: ignore[misc]
+    assert repr(hit).startswith("MarkerHit(text='UULK7QX00000")
