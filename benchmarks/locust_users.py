@@ -5,7 +5,10 @@ Both hit the same trivial SSE endpoint (`benchmarks/sse_server.py`, one aiohttp 
   ours      `loadprofiles/locustfile.py` exactly as `pdchaos run` starts it (a `LoadConfig` in
             `PDCHAOS_LOAD_CONFIG`), mix `canary_chat`: canary-marked prompts, /generate,
             /v1/chat/completions and /v1/completions, streaming and not, every reply read as it
-            arrives (SSE parsed line by line), judged and appended to a records file.
+            arrives (SSE parsed line by line, each piece timed), judged and appended to a records
+            file; each user on its own connection (loadprofiles/http_client.py).
+  httpx     (only when named in --variants) ours with `http_client: "httpx"`: the same users,
+            sending through httpx, the client the probes use.
   fasthttp  this file as a locustfile: a `FastHttpUser` that POSTs the same request bodies (built
             beforehand with the same prompt factory and route/stream choices) and reads each
             reply whole, with no parsing and no records.
@@ -23,8 +26,9 @@ response text, as `chaos/oracles/leaks.py` does), and reported per request. The 
 also checked: every completed reply must carry its own head marker back (the server echoes the
 start of the prompt) and nothing else.
 
-    .venv/bin/python benchmarks/locust_users.py                   # 2 rounds x 2 x 12 s, about 70 s
+    .venv/bin/python benchmarks/locust_users.py                   # 2 rounds x 2 x 12 s, about 60 s
     .venv/bin/python benchmarks/locust_users.py --users 20 --duration 12 --rounds 2 --json out.json
+    .venv/bin/python benchmarks/locust_users.py --short           # 1 round x 2 x 5 s: it runs (tests)
 
 The server and every Locust process it starts are stopped at the end, also on Ctrl-C.
 """
@@ -59,6 +63,7 @@ if os.environ.get(BODIES_ENV):
 # --------------------------------------------------------------------------------- driver ----
 
 import argparse
+import datetime
 import platform
 import random
 import shutil
@@ -79,6 +84,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 WARMUP_S = 3.0  # CPU is counted from this long after a Locust process starts
+VARIANTS = ("ours", "fasthttp", "httpx")
 
 
 def free_port() -> int:
@@ -126,6 +132,7 @@ def machine() -> dict[str, Any]:
         "locust": version("locust"),
         "httpx": version("httpx"),
         "geventhttpclient": version("geventhttpclient"),
+        "orjson": version("orjson"),
         "aiohttp": version("aiohttp"),
         "loadavg_start": list(os.getloadavg()),
     }
@@ -283,17 +290,17 @@ def check_records(path: Path) -> dict[str, Any]:
 
 def breakdown(count: int, seed: int, max_tokens: int, echo_chars: int, chunks: int) -> dict[str, float]:
     """Microseconds per request of our users' in-process work with no network: what of the
-    Locust CPU per request is prompt building, reply parsing and the record."""
-    import dataclasses
-
-    from chaos.markers import MarkerCodec
+    Locust CPU per request is prompt building, reply parsing and the record, each done as the
+    users do it (their codec, orjson bodies, a streamed reply fed an event per read, the record
+    written to a file)."""
     from chaos.targets.discovery import TargetFacts
-    from loadprofiles.exchange import request_body
+    from loadprofiles.codec import RecentMarkers
+    from loadprofiles.exchange import json_bytes, request_body
     from loadprofiles.prompts import PromptFactory
-    from loadprofiles.recorder import Observed, Sent, build_record, judge
-    from loadprofiles.sse import parse_body
+    from loadprofiles.recorder import Observed, RecordWriter, Sent, build_record, judge
+    from loadprofiles.sse import ResponseReader, parse_body
 
-    codec = MarkerCodec("K7QX")
+    codec = RecentMarkers("K7QX")
     prompts = PromptFactory(codec, seed, TargetFacts())
     rng = random.Random(seed)
     out: dict[str, float] = {}
@@ -302,24 +309,27 @@ def breakdown(count: int, seed: int, max_tokens: int, echo_chars: int, chunks: i
     out["prompt"] = time.perf_counter() - start
     start = time.perf_counter()
     for p in made:
-        request_body("generate", p, stream=True, max_tokens=max_tokens, model="default", rid="r")
+        json_bytes(request_body("generate", p, stream=True, max_tokens=max_tokens, model="default", rid="r"))
     out["request body"] = time.perf_counter() - start
     # A streamed /generate reply as sse_server.py sends it (cumulative text), and a whole one.
     text = made[0].as_text()[:echo_chars]
     size = max(1, -(-len(text) // chunks))
     pieces = [text[i : i + size] for i in range(0, len(text), size)]
-    stream, so_far = b"", ""
+    events, so_far = [], ""
     for n, piece in enumerate(pieces):
         so_far += piece
         finish = {"type": "length"} if n == len(pieces) - 1 else None
         meta = {"finish_reason": finish, "prompt_tokens": 50, "completion_tokens": n + 1, "cached_tokens": 0}
-        stream += b"data: " + json.dumps({"text": so_far, "meta_info": meta}).encode() + b"\n\n"
-    stream += b"data: [DONE]\n\n"
+        events.append(b"data: " + json.dumps({"text": so_far, "meta_info": meta}).encode() + b"\n\n")
+    events.append(b"data: [DONE]\n\n")
     whole = json.dumps({"text": text, "meta_info": {"finish_reason": {"type": "length"}, "prompt_tokens": 50}}).encode()
     start = time.perf_counter()
     for _ in range(count):
-        parsed = parse_body("generate", stream, sse=True)
-    out[f"parse streamed reply ({len(pieces)} chunks)"] = time.perf_counter() - start
+        reader = ResponseReader("generate", sse=True)
+        for event in events:
+            reader.feed(event, time.time())
+        parsed = reader.close(time.time())
+    out[f"parse streamed reply ({len(pieces)} events, a read each)"] = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(count):
         parse_body("generate", whole, sse=False)
@@ -338,10 +348,13 @@ def breakdown(count: int, seed: int, max_tokens: int, echo_chars: int, chunks: i
         planned_send=None,
     )
     obs = Observed(t_send=1.0, t_first_byte=1.0, t_end=2.0, status=200, sse=True, parsed=parsed)
-    start = time.perf_counter()
-    for _ in range(count):
-        json.dumps(dataclasses.asdict(build_record(sent, obs, judge(obs))))
-    out["judge + record + JSON"] = time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="locust_users-") as tmp:
+        writer = RecordWriter(os.path.join(tmp, "records.jsonl"))
+        start = time.perf_counter()
+        for _ in range(count):
+            writer.write(build_record(sent, obs, judge(obs)))
+        out["judge + record + write"] = time.perf_counter() - start
+        writer.close()
     return {k: 1e6 * v / count for k, v in out.items()}
 
 
@@ -354,7 +367,7 @@ def fmt(value: float | None, digits: int = 1) -> str:
 
 def summarize(runs: list[RunResult]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for variant in ("ours", "fasthttp"):
+    for variant in VARIANTS:
         mine = [r for r in runs if r.variant == variant]
         if not mine:
             continue
@@ -386,7 +399,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         (
             f"- machine: {m['nproc']} usable CPUs, {m['cpu_model']}; Linux {m['kernel']}, Python {m['python']}, "
-            f"locust {m['locust']}, httpx {m['httpx']}, geventhttpclient {m['geventhttpclient']}, aiohttp {m['aiohttp']}"
+            f"locust {m['locust']}, httpx {m['httpx']}, geventhttpclient {m['geventhttpclient']}, "
+            f"orjson {m.get('orjson', '?')}, aiohttp {m['aiohttp']}"
         ),
         (
             f"- load average at start {' '.join(f'{x:.2f}' for x in m['loadavg_start'])}, "
@@ -410,30 +424,33 @@ def markdown(report: dict[str, Any]) -> str:
         )
     if "ours" in s and "fasthttp" in s:
         o, f = s["ours"], s["fasthttp"]
-        ratio = o["rps"] / f["rps"] if o["rps"] and f["rps"] else None
-        cpu = (
-            o["locust_ms_per_req"] / f["locust_ms_per_req"]
-            if o["locust_ms_per_req"] and f["locust_ms_per_req"]
-            else None
-        )
+        ratio, cpu = report["ratios"]["rps"], report["ratios"]["locust_cpu_per_req"]
+        h = s.get("httpx")
+        extra = (lambda key, digits: f" {fmt(h[key], digits)} |") if h else (lambda key, digits: "")
         lines += [
             "",
-            "| medians | ours | fasthttp | ours / fasthttp |",
-            "|---|---:|---:|---:|",
-            f"| req/s | {fmt(o['rps'])} | {fmt(f['rps'])} | {fmt(ratio, 3)} |",
-            f"| Locust CPU ms/req | {fmt(o['locust_ms_per_req'], 3)} | {fmt(f['locust_ms_per_req'], 3)} | {fmt(cpu, 2)} |",
-            f"| server CPU ms/req | {fmt(o['server_ms_per_req'], 3)} | {fmt(f['server_ms_per_req'], 3)} | |",
-            f"| Locust CPU (cores) | {fmt(o['locust_cores'], 2)} | {fmt(f['locust_cores'], 2)} | |",
+            "| medians | ours | fasthttp | ours / fasthttp |" + (" httpx |" if h else ""),
+            "|---|---:|---:|---:|" + ("---:|" if h else ""),
+            f"| req/s | {fmt(o['rps'])} | {fmt(f['rps'])} | {fmt(ratio, 3)} |" + extra("rps", 1),
+            f"| Locust CPU ms/req | {fmt(o['locust_ms_per_req'], 3)} | {fmt(f['locust_ms_per_req'], 3)} | {fmt(cpu, 2)} |"
+            + extra("locust_ms_per_req", 3),
+            f"| server CPU ms/req | {fmt(o['server_ms_per_req'], 3)} | {fmt(f['server_ms_per_req'], 3)} | |"
+            + extra("server_ms_per_req", 3),
+            f"| Locust CPU (cores) | {fmt(o['locust_cores'], 2)} | {fmt(f['locust_cores'], 2)} | |"
+            + extra("locust_cores", 2),
         ]
-    rec = report.get("records") or []
+    rec = [("ours", r) for r in report.get("records") or []]
+    rec += [("httpx", r) for r in report.get("records_httpx") or []]
     if rec:
         lines += ["", "Records written by our users, and the leak scan over them (driver side, timed here):", ""]
-        for n, r in enumerate(rec, 1):
+        numbers: dict[str, int] = {}
+        for variant, r in rec:
+            n = numbers[variant] = numbers.get(variant, 0) + 1
             if not r.get("records"):
-                lines.append(f"- ours run {n}: no records")
+                lines.append(f"- {variant} run {n}: no records")
                 continue
             lines.append(
-                f"- ours run {n}: {r['records']:,} records {r['outcomes']}; {r['own_marker_back']:,} of "
+                f"- {variant} run {n}: {r['records']:,} records {r['outcomes']}; {r['own_marker_back']:,} of "
                 f"{r['with_text']:,} replies carry their own head marker back, {r['other_markers']} other markers; "
                 f"scan {r['scan_us_per_request']:.1f} µs per request ({r['text_bytes'] / max(1, r['records']):.0f} "
                 f"chars of reply each)"
@@ -459,7 +476,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--users", type=int, default=20)
     p.add_argument("--duration", type=float, default=12.0, help="seconds per Locust run (default 12)")
     p.add_argument("--rounds", type=int, default=2, help="each round runs both variants (default 2)")
-    p.add_argument("--variants", default="ours,fasthttp")
+    p.add_argument("--variants", default="ours,fasthttp", help=f"of {','.join(VARIANTS)} (default ours,fasthttp)")
+    p.add_argument(
+        "--short", action="store_true", help="a check that it runs: 8 users, 1 round of 5 s, 300 bodies (about 20 s)"
+    )
     p.add_argument("--bodies", type=int, default=3000, help="distinct bodies the FastHttpUser cycles through")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--echo-chars", type=int, default=160, help="server: reply with this much of the prompt")
@@ -468,11 +488,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (records, bodies, server log)")
     p.add_argument("--json", default=None, help="also write the report here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.short:
+        args.users, args.duration, args.rounds, args.bodies = 8, 5.0, 1, 300
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(sorted(unknown))}; known: {', '.join(VARIANTS)}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    started_utc = datetime.datetime.now(datetime.timezone.utc)
     sys.path.insert(0, str(REPO))
     from chaos.markers import new_run_prefix
     from chaos.targets.discovery import TargetFacts
@@ -480,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     report: dict[str, Any] = {
+        "command": " ".join(["benchmarks/locust_users.py", *(sys.argv[1:] if argv is None else argv)]),
+        "utc": started_utc.isoformat(timespec="seconds"),
         "machine": machine(),
         "users": args.users,
         "duration": args.duration,
@@ -487,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         "pin": args.pin,
         "runs": [],
         "records": [],
+        "records_httpx": [],
     }
     children: list[subprocess.Popen[str]] = []
     tmp = Path(tempfile.mkdtemp(prefix="locust_users-"))
@@ -533,8 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         for round_no in range(args.rounds):
             for variant in variants if round_no % 2 == 0 else list(reversed(variants)):
                 order.append(variant)
-                if variant == "ours":
-                    records = tmp / f"records-{round_no}.jsonl"
+                if variant in ("ours", "httpx"):
+                    records = tmp / f"records-{variant}-{round_no}.jsonl"
                     config = LoadConfig(
                         run_prefix=new_run_prefix(),
                         target_url=url,
@@ -548,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                         think_time_s=(0.0, 0.0),
                         seed=args.seed,
                         index_base=10_000,
+                        http_client="httpx" if variant == "httpx" else "fast",
                     )
                     argv_ = [
                         sys.executable,
@@ -592,8 +623,9 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-                if variant == "ours":
-                    report["records"].append(check_records(records) if records.exists() else {"records": 0})
+                if variant in ("ours", "httpx"):
+                    checked = check_records(records) if records.exists() else {"records": 0}
+                    report["records" if variant == "ours" else "records_httpx"].append(checked)
         report["order"] = order
     finally:
         for proc in children:
@@ -610,8 +642,19 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     report["loadavg_end"] = list(os.getloadavg())
     if "ours" in variants:
-        report["breakdown"] = breakdown(2000, args.seed, args.max_tokens, args.echo_chars, args.chunks)
-    report["summary"] = summarize([RunResult(**r) for r in report["runs"]])
+        count = 300 if args.short else 2000
+        report["breakdown"] = breakdown(count, args.seed, args.max_tokens, args.echo_chars, args.chunks)
+    report["summary"] = summary = summarize([RunResult(**r) for r in report["runs"]])
+    if "ours" in summary and "fasthttp" in summary:
+        o, f = summary["ours"], summary["fasthttp"]
+        report["ratios"] = {
+            "rps": o["rps"] / f["rps"] if o["rps"] and f["rps"] else None,
+            "locust_cpu_per_req": (
+                o["locust_ms_per_req"] / f["locust_ms_per_req"]
+                if o["locust_ms_per_req"] and f["locust_ms_per_req"]
+                else None
+            ),
+        }
     print(markdown(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -19,6 +19,7 @@ CONFIG_ENV = "PDCHAOS_LOAD_CONFIG"
 UserKind = Literal["canary_chat", "prefix_sharing", "long_context", "over_length", "aborting"]
 USER_KINDS: tuple[UserKind, ...] = ("canary_chat", "prefix_sharing", "long_context", "over_length", "aborting")
 ShapeKind = Literal["steady", "ramp", "spike", "stages", "soak"]
+HttpClient = Literal["fast", "httpx"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class LoadConfig:
     phase: str = "load"
     index_base: int = 0  # request indices below it are reserved (the runner's probes)
     clock_path: str | None = None  # the schedule clock's state, written by the actor (loadprofiles/clock.py)
+    # How the users send: "fast", each on its own lean connection (loadprofiles/http_client.py), or
+    # "httpx", the slower client the runner's probes use; the records are the same.
+    http_client: HttpClient = "fast"
 
     def request_index(self, local_sequence: int) -> int:
         """Indices interleave across actors, so markers are unique in the whole run."""

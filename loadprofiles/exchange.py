@@ -1,26 +1,35 @@
 """One HTTP exchange with a target, read as it arrives: no Locust here.
 
 Every request the suite sends goes through here and is read by one reader (loadprofiles/sse.py)
-into one `Observed`: the load users (inside Locust) and the runner's probes (in the driver process,
-where Locust must never be imported) through `perform`; the traffic faults, their provocations and
-`pdchaos canary` (asyncio) through `perform_async`.
+into one `Observed`: the load users (inside Locust) through `perform_fast` on their own lean
+connection (loadprofiles/http_client.py), or through `perform` on an httpx client when their
+config asks for it; the runner's probes (in the driver process, where Locust must never be
+imported) through `perform`; the traffic faults, their provocations and `pdchaos canary`
+(asyncio) through `perform_async`. The three read the body with the same loop and judge it the
+same way: for the same reply they fill the same `Observed`, times aside.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
+import orjson
 
 from chaos.journal import RequestRecord
 from loadprofiles.prompts import Prompt
 from loadprofiles.recorder import Observed, Sent, build_record, judge
 from loadprofiles.sse import DEFAULT_BODY_CAP, Api, ResponseReader
+
+if TYPE_CHECKING:
+    from loadprofiles.http_client import Connection
 
 ROUTES: dict[Api, str] = {"generate": "/generate", "chat": "/v1/chat/completions", "completions": "/v1/completions"}
 CONNECT_TIMEOUT_S = 10.0
@@ -80,14 +89,36 @@ def transport_class(exc: Exception) -> str:
     return "client_error"
 
 
-def _opened(response: httpx.Response, obs: Observed, api: Api | None, cap: int) -> ResponseReader:
+def _opened(status: int, content_type: str, obs: Observed, api: Api | None, cap: int) -> ResponseReader:
     """The headers are in: note them and start reading the body."""
     obs.t_first_byte = time.time()
-    obs.status = response.status_code
-    obs.sse = "text/event-stream" in response.headers.get("content-type", "")
+    obs.status = status
+    obs.sse = "text/event-stream" in content_type
     reader = ResponseReader(api, sse=obs.sse, cap=cap)
     obs.parsed = reader.result
     return reader
+
+
+def _read_body(
+    chunks: Iterable[bytes], reader: ResponseReader, obs: Observed, interrupt: Interrupt | None, timeout_s: float
+) -> bool:
+    """Feed the body to `reader` as it arrives, each piece timed on arrival; True when the server
+    ended it (not the cap, an interrupt or the deadline)."""
+    result = reader.result
+    after_chunks = interrupt.after_chunks if interrupt else None
+    deadline = (obs.t_send or 0.0) + timeout_s
+    for chunk in chunks:
+        now = time.time()
+        if not reader.feed(chunk, now):
+            return False  # over the cap: closing the response drops the connection
+        if after_chunks and len(result.token_times) >= after_chunks and result.finish is None:
+            assert interrupt is not None
+            obs.client_closed = f"at {interrupt.phase} (after {len(result.token_times)} content chunks)"
+            return False
+        if now > deadline:
+            obs.transport = ("timeout", f"no end after {timeout_s:.1f}s")
+            return False
+    return True
 
 
 def _failed(obs: Observed, exc: Exception, interrupt: Interrupt | None) -> None:
@@ -129,28 +160,63 @@ def perform(
     obs.t_send = time.time()
     try:
         with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
-            reader = _opened(response, obs, api, cap)
-            for chunk in response.iter_bytes():
-                now = time.time()
-                if not reader.feed(chunk, now):
-                    break  # over the cap: closing the response drops the connection
-                chunks = len(reader.result.token_times)
-                if (
-                    interrupt
-                    and interrupt.after_chunks
-                    and chunks >= interrupt.after_chunks
-                    and reader.result.finish is None
-                ):
-                    obs.client_closed = f"at {interrupt.phase} (after {chunks} content chunks)"
-                    break
-                if now - obs.t_send > timeout_s:
-                    obs.transport = ("timeout", f"no end after {timeout_s:.1f}s")
-                    break
-            else:
-                server_ended = True
+            reader = _opened(response.status_code, response.headers.get("content-type", ""), obs, api, cap)
+            server_ended = _read_body(response.iter_bytes(), reader, obs, interrupt, timeout_s)
     except Exception as exc:
         _failed(obs, exc, interrupt)
     finally:
+        _ended(obs, reader, server_ended)
+
+
+_JSON_CONTENT = {"Content-Type": "application/json"}
+
+
+def json_bytes(body: dict[str, Any]) -> bytes:
+    """The request body as httpx's `json=` sends it (compact, UTF-8), at orjson's speed."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # a lone surrogate (a reply carried one into a conversation): escape it
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+def perform_fast(
+    conn: Connection,
+    url: str,
+    body: dict[str, Any],
+    *,
+    api: Api,
+    timeout_s: float,
+    obs: Observed,
+    cap: int,
+    headers: dict[str, str] | None = None,
+    interrupt: Interrupt | None = None,
+) -> None:
+    """`perform` on a load user's own connection (loadprofiles/http_client.py): the same request,
+    the same timeouts, the same `obs` for the same reply. A reply not read to its server's end
+    (cap, interrupt, deadline, error, GreenletExit) closes the connection."""
+    read_timeout = interrupt.read_timeout_s if interrupt and interrupt.read_timeout_s else timeout_s
+    payload = json_bytes(body)
+    reader: ResponseReader | None = None
+    server_ended = False
+    obs.t_send = time.time()
+    try:
+        status, head = conn.request(
+            "POST",
+            url,
+            payload,
+            headers={**_JSON_CONTENT, **headers} if headers else _JSON_CONTENT,
+            connect_timeout_s=min(CONNECT_TIMEOUT_S, timeout_s),
+            write_timeout_s=timeout_s,
+            read_timeout_s=read_timeout,
+        )
+        content_type = next((v for k, v in head if k == "content-type"), "")
+        reader = _opened(status, content_type, obs, api, cap)
+        server_ended = _read_body(conn.body(), reader, obs, interrupt, timeout_s)
+    except Exception as exc:
+        _failed(obs, exc, interrupt)
+    finally:
+        if not server_ended:
+            conn.close()
         _ended(obs, reader, server_ended)
 
 
@@ -174,7 +240,7 @@ async def perform_async(
     obs.t_send = time.time()
     try:
         async with client.stream("POST", url, json=body) as response:
-            reader = _opened(response, obs, api, cap)
+            reader = _opened(response.status_code, response.headers.get("content-type", ""), obs, api, cap)
             kept = obs.raw_body = bytearray() if keep_body else None
             async for chunk in response.aiter_bytes():
                 if kept is not None:

@@ -15,6 +15,14 @@ judges whatever a server answered (`pdchaos canary`, chaos/canary/).
 SSE is read line by line, one payload per `data:` line, rather than one per blank-line-terminated
 event as the SSE spec says: LLM servers put one JSON object on each `data:` line, and some omit
 the blank line, which would otherwise glue two objects into one unparseable payload.
+
+The load users read every reply through here, so the common case is kept cheap: lines are split
+as bytes, and a `data: {...}` line (or a whole body starting with `{`) goes to orjson as bytes,
+with no decode and no line object in between. Anything else (a `[DONE]`, another field, a payload
+orjson refuses: invalid UTF-8, NaN or infinity, a lone surrogate, nesting past 1024) takes the text
+path and `json`, which decides every anomaly. A payload orjson reads, `json` reads to the same
+value, but for an integer past 64 bits: orjson makes it a float, so such a "token count" is left
+out, as any count that is not an integer is.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 Api = Literal["generate", "chat", "completions"]
 
@@ -219,13 +229,28 @@ class ResponseReader:
 
     def _feed_lines(self, chunk: bytes, now: float) -> None:
         buf = self._line
-        search = len(buf)  # only the new bytes can hold a newline: a long line stays linear
-        buf += chunk
-        start = 0
-        while (end := buf.find(b"\n", search)) >= 0:
-            self._line_done(bytes(buf[start:end]), now)
-            start = search = end + 1
-        del buf[:start]
+        if buf:  # a line is pending
+            if b"\n" not in chunk:  # only the new bytes can end it: a long line stays linear
+                buf += chunk
+                return
+            data = bytes(buf) + chunk
+            buf.clear()
+        else:
+            data = chunk if type(chunk) is bytes else bytes(chunk)
+        lines = data.split(b"\n")
+        buf += lines.pop()  # what follows the last newline waits for the next chunk
+        r = self.result
+        for raw_line in lines:
+            if raw_line[:7] == b"data: {" and not r.done:  # the common case, as bytes
+                try:
+                    obj = orjson.loads(raw_line[6:])  # a trailing \r is JSON whitespace
+                except orjson.JSONDecodeError:
+                    pass  # the text path says why
+                else:
+                    self._object(obj, now)
+                    continue
+            if raw_line:  # not the blank line after each event
+                self._line_done(raw_line, now)
 
     def _line_done(self, raw_line: bytes, now: float) -> None:
         line = self._decode(raw_line.rstrip(b"\r"))
@@ -270,9 +295,13 @@ class ResponseReader:
         if not isinstance(obj, dict):
             self.note("malformed_sse", f"payload is not an object: {_sample(payload)!r}")
             return
-        r.payloads += 1
+        self._object(obj, now)
+
+    def _object(self, obj: dict[str, Any], now: float) -> None:
+        """One JSON object of a stream; a chunk that adds text is a token, timed `now`."""
+        self.result.payloads += 1
         if self._apply(obj, streaming=True):
-            r.token_times.append(now)
+            self.result.token_times.append(now)
 
     # ------------------------------------------------------------------------- non-stream ----
 
@@ -281,7 +310,18 @@ class ResponseReader:
 
     def _parse_body(self, now: float, complete: bool = True) -> None:
         r = self.result
-        text = self._decode(bytes(self._raw))
+        raw = bytes(self._raw)
+        if raw[:1] == b"{":  # the common case: one JSON object, read as bytes
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                pass  # the text path says why
+            else:
+                r.payloads += 1
+                if self._apply(obj, streaming=False):
+                    r.token_times.append(now)
+                return
+        text = self._decode(raw)
         if not text.strip():
             return
         try:
@@ -344,7 +384,8 @@ class ResponseReader:
         if not grew and not r.text and obj.get("output_ids"):
             r.output_without_text = True  # tokens that decoded to nothing (yet)
         if isinstance(meta, dict):
-            finish = _finish_from(meta.get("finish_reason"))
+            reason = meta.get("finish_reason")
+            finish = None if reason is None else _finish_from(reason)  # None: most chunks
             if finish is not None:
                 r.finish = finish
                 if finish.is_abort:
@@ -379,8 +420,8 @@ class ResponseReader:
                 grew = True
             elif isinstance(holder, dict) and (holder.get("reasoning_content") or holder.get("tool_calls")):
                 r.output_without_text = True
-            finish = _finish_from(choice.get("finish_reason"))
-            if finish is not None:
+            reason = choice.get("finish_reason")
+            if reason is not None and (finish := _finish_from(reason)) is not None:
                 r.finish = finish
         if isinstance(usage, dict):
             details = usage.get("prompt_tokens_details")
@@ -389,16 +430,15 @@ class ResponseReader:
         return grew
 
     def _usage(self, prompt: Any, completion: Any, cached: Any) -> None:
-        """Later chunks may omit usage; keep the last value each field was given."""
+        """Later chunks may omit usage; keep the last value each field was given. (The values
+        come from JSON, where `type(v) is int` is `_int_or_none`'s test: an int, not a bool.)"""
         r = self.result
-        r.prompt_tokens = _int_or(prompt, r.prompt_tokens)
-        r.completion_tokens = _int_or(completion, r.completion_tokens)
-        r.cached_tokens = _int_or(cached, r.cached_tokens)
-
-
-def _int_or(value: Any, default: int | None) -> int | None:
-    found = _int_or_none(value)
-    return default if found is None else found
+        if type(prompt) is int:
+            r.prompt_tokens = prompt
+        if type(completion) is int:
+            r.completion_tokens = completion
+        if type(cached) is int:
+            r.cached_tokens = cached
 
 
 def parse_body(

@@ -1,9 +1,14 @@
-"""Locust users: each sends canary-marked prompts with a sync httpx client and records every request.
+"""Locust users: each sends canary-marked prompts on its own connection and records every request.
 
 Imported only inside a Locust process (importing Locust monkey-patches the process with gevent;
 see chaos/cluster.py): the locustfile builds one `LoadContext` per process and the user classes from
 it (`user_classes`). Every request, whatever happens to it, ends in exactly one record and one
 Locust request event, including a request cut off when Locust stops its user.
+
+Each user keeps one keep-alive connection (loadprofiles/http_client.py; `http_client: "httpx"` in
+the config sends through httpx instead, the slower path the probes use, with the same records).
+Every request carries the run's headers and TLS settings (chaos/transport.py: the API key from its
+environment variable), and, when the run has secrets, every text a record keeps is redacted.
 
 Routes: target api "sglang" mixes SGLang `/generate` (with a `rid`, so it can be aborted by
 `/abort_request`), `/v1/chat/completions` and `/v1/completions`; "openai" only the OpenAI routes.
@@ -15,6 +20,7 @@ from __future__ import annotations
 import itertools
 import random
 import secrets
+import ssl
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -24,10 +30,13 @@ import httpx
 from gevent import GreenletExit
 from locust import User, task
 
-from chaos.journal import Outcome
+from chaos.journal import Outcome, RequestRecord
 from chaos.markers import MarkerCodec
+from chaos.transport import Transport, current
+from loadprofiles.codec import RecentMarkers
 from loadprofiles.config import LoadConfig
-from loadprofiles.exchange import ROUTES, AbortPhase, Interrupt, perform, post_aborts, request_body
+from loadprofiles.exchange import ROUTES, AbortPhase, Interrupt, perform, perform_fast, post_aborts, request_body
+from loadprofiles.http_client import Connection
 from loadprofiles.prompts import Conversation, Prompt, PromptFactory
 from loadprofiles.recorder import (
     UNAVAILABLE_ENDINGS,
@@ -62,13 +71,18 @@ class LoadContext:
     prompts: PromptFactory
     writer: RecordWriter
     body_cap: int = DEFAULT_BODY_CAP
+    transport: Transport = field(default_factory=current)  # the run's headers, TLS settings, secrets
     _sequence: itertools.count[int] = field(default_factory=itertools.count)
     _users: itertools.count[int] = field(default_factory=itertools.count)
     _control: httpx.Client | None = None
+    _ssl: ssl.SSLContext | None = None
+
+    def __post_init__(self) -> None:
+        self.has_secrets = self.transport.has_secrets  # asked once: every record checks it
 
     @classmethod
     def create(cls, config: LoadConfig, *, body_cap: int = DEFAULT_BODY_CAP) -> LoadContext:
-        codec = MarkerCodec(config.run_prefix)
+        codec = RecentMarkers(config.run_prefix)
         return cls(
             config=config,
             codec=codec,
@@ -91,10 +105,36 @@ class LoadContext:
 
     @property
     def control(self) -> httpx.Client:
-        """A client for /abort_request, shared: creating one costs tens of milliseconds."""
+        """A client for /abort_request, shared: creating one costs tens of milliseconds. The
+        transport's client: the workers' key for the workers' origins, the run's TLS settings."""
         if self._control is None:
-            self._control = httpx.Client(timeout=CONTROL_TIMEOUT_S)
+            self._control = self.transport.client(timeout=CONTROL_TIMEOUT_S)
         return self._control
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The transport's TLS settings, one context for every user (loading the CA bundle costs
+        tens of milliseconds)."""
+        if self._ssl is None:
+            self._ssl = self.transport.ssl_context()
+        return self._ssl
+
+    def connection(self, base_url: str) -> Connection:
+        """A user's own connection to the target, carrying the transport's headers."""
+        https = base_url.startswith("https://")
+        return Connection(
+            base_url,
+            headers=self.transport.request_headers(base_url),
+            ssl_context=self.ssl_context() if https else None,
+        )
+
+    def redact(self, record: RequestRecord) -> None:
+        """No secret in what the record keeps: a target may echo the key back in a body, an error
+        or a conversation's history. Only runs with secrets pay for it."""
+        if not self.has_secrets:
+            return
+        for name, value in vars(record).items():
+            if isinstance(value, str):
+                setattr(record, name, self.transport.redact(value))
 
 
 # -------------------------------------------------------------------------------- requests ----
@@ -109,14 +149,14 @@ class PdchaosUser(User):
     abstract = True
     kind: ClassVar[str] = ""
     # Set by `user_classes`. It shadows locust's User.context() (extra fields for request events),
-    # which only locust's own HTTP clients call; these users send with httpx.
+    # which only locust's own HTTP clients call; these users send with their own.
     context: ClassVar[LoadContext]  # type: ignore[assignment]
 
     def __init__(self, environment: Any) -> None:
         super().__init__(environment)
         self.user_id = self.context.next_user_id()
         self.rng = random.Random(f"{self.context.config.seed}:user:{self.user_id}")
-        self.http: httpx.Client | None = None
+        self.http: Connection | httpx.Client | None = None
         self.planned_send: float | None = None
         self.unavailable_in_a_row = 0  # refused connections and 503s since the target's last answer
 
@@ -139,7 +179,11 @@ class PdchaosUser(User):
         return self.rng.uniform(ceiling / 2, ceiling)
 
     def on_start(self) -> None:
-        self.http = httpx.Client(base_url=self.base_url(), timeout=self.context.config.request_timeout_s)
+        base_url = self.base_url()
+        if self.context.config.http_client == "httpx":
+            self.http = self.context.transport.client(base_url=base_url, timeout=self.context.config.request_timeout_s)
+        else:
+            self.http = self.context.connection(base_url)
         self.planned_send = time.time()
 
     def on_stop(self) -> None:
@@ -171,16 +215,7 @@ class PdchaosUser(User):
         return self.rng.choice(self.routes(prompt)), self.rng.random() < 0.5
 
     def exchange(self, url: str, body: dict[str, Any], route: Api, sent: Sent, obs: Observed) -> None:
-        perform(
-            self._client(),
-            url,
-            body,
-            api=route,
-            timeout_s=self.context.config.request_timeout_s,
-            obs=obs,
-            cap=self.context.body_cap,
-            headers={"X-Request-Id": sent.id},
-        )
+        self.send(url, body, route, sent, obs)
 
     def review(self, prompt: Prompt, obs: Observed, verdict: Judgement) -> tuple[Judgement, str | None]:
         """Adjust the verdict for this kind; returns it and a prefix for error_detail."""
@@ -195,11 +230,29 @@ class PdchaosUser(User):
 
     # ---- the request -------------------------------------------------------------------------
 
-    def _client(self) -> httpx.Client:
+    def _client(self) -> Connection | httpx.Client:
         if self.http is None:  # a task can run before on_start only in odd Locust states
             self.on_start()
         assert self.http is not None
         return self.http
+
+    def send(
+        self, url: str, body: dict[str, Any], route: Api, sent: Sent, obs: Observed, interrupt: Interrupt | None = None
+    ) -> None:
+        """One request and its reply into `obs`, on this user's connection (or httpx client)."""
+        client, config = self._client(), self.context.config
+        how: dict[str, Any] = {
+            "api": route,
+            "timeout_s": config.request_timeout_s,
+            "obs": obs,
+            "cap": self.context.body_cap,
+            "headers": {"X-Request-Id": sent.id},
+            "interrupt": interrupt,
+        }
+        if isinstance(client, Connection):
+            perform_fast(client, url, body, **how)
+        else:
+            perform(client, url, body, **how)
 
     def request_once(self) -> None:
         ctx, config = self.context, self.context.config
@@ -247,6 +300,7 @@ class PdchaosUser(User):
         if not obs.load_stopped:
             self.after(prompt, obs, verdict)
         record = build_record(sent, obs, verdict, detail_prefix=prefix)
+        self.context.redact(record)
         self.unavailable_in_a_row = self.unavailable_in_a_row + 1 if record.error_class in UNAVAILABLE_ENDINGS else 0
         emit(
             self.context.writer,
@@ -392,17 +446,7 @@ class AbortingUser(PdchaosUser):
                 obs,
             )
         try:
-            perform(
-                self._client(),
-                url,
-                body,
-                api=route,
-                timeout_s=config.request_timeout_s,
-                obs=obs,
-                cap=self.context.body_cap,
-                headers={"X-Request-Id": sent.id},
-                interrupt=interrupt,
-            )
+            self.send(url, body, route, sent, obs, interrupt)
         finally:
             if aborter is not None and not aborter.dead:
                 if obs.abort_sent_at is None:
