@@ -46,6 +46,7 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 _REQUEST_TARGET = re.compile(r"/[\x21-\x7e]*")
 
+TCP_QUICKACK: int | None = getattr(gevent.socket, "TCP_QUICKACK", None)  # Linux only
 RECV_BYTES = 65536  # per recv: a streamed event is far smaller, a whole body needs few reads
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -274,6 +275,11 @@ class Connection:
 
     def _recv(self, sock: gevent.socket.socket) -> bytes:
         try:
+            if TCP_QUICKACK is not None:
+                # Linux delays an ACK by up to 40 ms and forgets QUICKACK after each read. A server
+                # that writes a stream's headers and its first event apart under Nagle (the SGLang
+                # router does) holds the event until that ACK: 40 ms added to the TTFT we report.
+                sock.setsockopt(gevent.socket.IPPROTO_TCP, TCP_QUICKACK, 1)
             data: bytes = sock.recv(self.recv_bytes)
         except TimeoutError as exc:
             self.close()
