@@ -13,9 +13,10 @@ For each concurrency a closed loop of that many clients sends requests back to b
 slice (A B C D, then D C B A, ...), so drift on a shared machine hits all of them alike. Each
 slice starts with a discarded warm-up. Every prompt is unique (no prefix-cache hits) and
 exactly `--prompt-tokens` tokens in the embedded engine's tokenizer. Before measuring, the
-embedded engines are driven until their prefix caches fill the KV pool (`--fill-timeout`):
-their cost per request grows with the number of cached pages, so a cold engine would drift
-slower through the run in a way interleaving cannot cancel.
+embedded engines are driven until their prefix caches fill the KV pool (`--fill-timeout`),
+the state a server that has been up for a while is in: every allocation then evicts. (Until
+the engine counted evictable pages as they change, its cost per request also grew with the
+number of cached pages, so a cold engine drifted slower through a run; docs/performance.md.)
 
 Reported per target and concurrency: requests/s, p50/p99 latency, errors, CPU milliseconds per
 request of each process group (router, prefill, decode or worker, this client) read from
@@ -353,10 +354,10 @@ def _gauge(metrics_text: str, name: str) -> float:
 async def fill_caches(targets: dict[str, Target], prompts: Prompts, timeout_s: float) -> dict[str, Any]:
     """Drive the embedded targets until their KV pools are full of cached prefixes.
 
-    Each unique prompt leaves its full pages in the prefix cache, and the engine's cost per
-    request grows with the number of cached pages until the pool is full; a long-running server
-    sits in that full state. Measuring a cold engine would make the embedded rows drift with
-    the number of requests served so far, which interleaving cannot cancel.
+    Each unique prompt leaves its full pages in the prefix cache until the pool is full; a
+    long-running server sits in that full state, where every allocation evicts. (The engine's
+    cost per request once grew with the number of cached pages, so a cold engine drifted slower
+    through a run in a way interleaving cannot cancel; it no longer does, docs/performance.md.)
     """
     todo = {name: t for name, t in targets.items() if t.caching_workers}
     out: dict[str, Any] = {}
@@ -514,7 +515,7 @@ def markdown(report: dict[str, Any]) -> str:
         )
     elif report["params"].get("fill_timeout_s") == 0:
         lines.append(
-            "- cold engines: prefix caches not filled first (--fill-timeout 0); embedded rows drift slower as caches grow"
+            "- cold engines: prefix caches not filled first (--fill-timeout 0); they fill during the measurement"
         )
     lines += [
         "",

@@ -26,6 +26,7 @@ from chaos.targets.sim.protocol import (
     parse_openai,
     server_error_body,
 )
+from chaos.targets.sim.timing import RequestTiming, TimingLog
 
 log = logging.getLogger("sglang.http_server")
 
@@ -41,9 +42,10 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
 
 
 class WorkerApi:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, timing_log: TimingLog | None = None) -> None:
         self.engine = engine
         self.created = int(time.time())
+        self.timing_log = timing_log  # opt-in: see timing.py
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._errors])
@@ -100,6 +102,8 @@ class WorkerApi:
         return await self._serve(request, "completions")
 
     async def _serve(self, request: web.Request, api: Api) -> web.StreamResponse:
+        timings = self.timing_log
+        timing = timings.start(request.headers.get("X-Request-ID")) if timings is not None else None
         error_body = generate_error_body if api == "generate" else (lambda m: openai_error_body(m, 400))
         try:
             inp = await self._submit(request, api)
@@ -107,21 +111,37 @@ class WorkerApi:
         except BadRequest as exc:
             log.info("[http_server] Error: %s", exc)
             return web.json_response(error_body(str(exc)), status=400)
+        status: int | None = None
         try:
             if inp.stream:
-                return await self._stream(request, req)
+                streamed = await self._stream(request, req, timing)
+                status = streamed.status
+                return streamed
             await self._until_finished(req)
-            return self._final(req)
+            response = self._final(req)
+            status = response.status
+            if timing is not None:
+                # Send it here rather than after returning (the same bytes: aiohttp finishes a
+                # prepared response as it is), so the log says when it left.
+                await response.prepare(request)
+                await response.write_eof()
+                if status == 200 and req.output_ids:
+                    timing.first_token_sent()
+            return response
         except (asyncio.CancelledError, ConnectionResetError):
             if req.finish is None:
                 log.info("Request is disconnected from the client side (type 1). Abort request rid=%s", req.rid)
                 self.engine.request_abort(req, abort("Request is disconnected from the client side"))
             raise
+        finally:
+            if timings is not None and timing is not None:
+                timings.write(
+                    timing, rid=req.rid, api=api, stream=inp.stream, status=status, output_tokens=len(req.output_ids)
+                )
 
     async def _until_finished(self, req: Req) -> None:
-        while req.finish is None:
-            req.changed.clear()
-            await req.changed.wait()
+        # One wake-up at the end, not one per generated token as `changed` would give.
+        await req.ended.wait()
 
     def _final(self, req: Req) -> web.Response:
         finish = req.finish
@@ -165,7 +185,7 @@ class WorkerApi:
             "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
         }
 
-    async def _stream(self, request: web.Request, req: Req) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req: Req, timing: RequestTiming | None = None) -> web.StreamResponse:
         """SSE; `/generate` chunks carry cumulative text (SGLang's default), OpenAI ones deltas."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
@@ -182,6 +202,8 @@ class WorkerApi:
                     await response.write(
                         _sse({"text": req.text, "output_ids": list(req.output_ids), "meta_info": req.meta_info()})
                     )
+                    if timing is not None and sent_tokens:
+                        timing.first_token_sent()
             else:
                 delta = req.text[sent_chars:]
                 sent_chars = len(req.text)
@@ -194,6 +216,8 @@ class WorkerApi:
                     reason = req.finish.type if finished and req.finish else None
                     content = {"content": delta} if req.inp.api == "chat" else delta
                     await response.write(_sse(self._chunk(req, content, reason)))
+                    if timing is not None and delta:
+                        timing.first_token_sent()
                 if finished and req.inp.include_usage:
                     await response.write(
                         _sse({**self._chunk(req, None, None), "choices": [], "usage": self._usage(req)})

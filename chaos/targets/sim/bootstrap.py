@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from chaos.targets.sim.http1 import HttpError, KeepAliveClient
 from chaos.targets.sim.transfer import Destination, KVSender, SendState
 
 log = logging.getLogger("sglang.disaggregation")
@@ -122,6 +124,9 @@ class BootstrapClient:
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
+        # The per-request POST goes through a lean keep-alive client (http1.py); the rare calls
+        # (abort, heartbeat) keep aiohttp.
+        self._posts = KeepAliveClient()
 
     async def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -129,6 +134,7 @@ class BootstrapClient:
         return self._session
 
     async def close(self) -> None:
+        self._posts.close()
         if self._session is not None:
             await self._session.close()
 
@@ -136,23 +142,30 @@ class BootstrapClient:
         self, addr: str, room: int, rid: str, dest: Destination, attempts: int = 3
     ) -> str | None:
         """Post where prefill must write; returns prefill's rejection message if it rejected the request."""
-        session = await self._client()
+        host, _, port = addr.rpartition(":")
         payload = {"room": room, "rid": rid, "host": dest.host, "port": dest.port, "pages": dest.pages}
         last: Exception | None = None
         for attempt in range(attempts):
             try:
-                async with session.post(
-                    f"http://{addr}/bootstrap", json=payload, timeout=aiohttp.ClientTimeout(total=2)
-                ) as resp:
-                    if resp.status == 200:
-                        try:
-                            answer = await resp.json()
-                        except (aiohttp.ContentTypeError, ValueError):
-                            return None
-                        rejected = isinstance(answer, dict) and answer.get("status") == "rejected"
-                        return str(answer.get("message", "rejected by prefill")) if rejected else None
-                    last = RuntimeError(f"HTTP {resp.status}")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                resp = await self._posts.post_json(host, int(port), "/bootstrap", payload, timeout=2)
+                if resp.status == 200:
+                    try:
+                        if resp.content_type.split(";")[0].strip() != "application/json":
+                            return None  # as aiohttp's resp.json() refused it
+                        answer = json.loads(resp.body)
+                    except ValueError:
+                        return None
+                    rejected = isinstance(answer, dict) and answer.get("status") == "rejected"
+                    return str(answer.get("message", "rejected by prefill")) if rejected else None
+                last = RuntimeError(f"HTTP {resp.status}")
+            except (
+                OSError,  # refused, reset (and, from 3.11, asyncio.TimeoutError)
+                asyncio.TimeoutError,
+                asyncio.IncompleteReadError,
+                asyncio.LimitOverrunError,
+                HttpError,
+                ValueError,
+            ) as exc:  # what aiohttp's ClientError and timeout covered before
                 last = exc
             await asyncio.sleep(0.2 * (attempt + 1))
         raise ConnectionError(f"Could not fetch prefill parallel info from {addr} after {attempts} attempts ({last!r})")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from chaos.targets.sim import model
+from chaos.targets.sim.aio import within
 from chaos.targets.sim.bootstrap import BootstrapClient
 from chaos.targets.sim.engine import Engine, Phase, Req
 from chaos.targets.sim.protocol import Finish, abort
@@ -136,7 +137,7 @@ class DecodeEngine(Engine):
         deadline = asyncio.get_running_loop().time() + waiting_timeout
         try:
             try:
-                rejection = await asyncio.wait_for(
+                rejection = await within(
                     self.client.send_destination(
                         addr, room, req.rid, Destination(self.transfer_host, self.transfer_port, prompt_pages)
                     ),
@@ -158,7 +159,7 @@ class DecodeEngine(Engine):
                 return None
             try:
                 left = max(0.0, deadline - asyncio.get_running_loop().time())
-                result = await self.until_aborted(req, asyncio.shield(outcome), timeout=left)
+                result = await self.until_aborted(req, outcome, timeout=left)
             except asyncio.TimeoutError:
                 self._waiting_timed_out(req, waiting_timeout)
                 return None

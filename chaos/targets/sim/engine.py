@@ -17,10 +17,11 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
+
+import numpy as np
 
 from chaos.targets.sim import model
 from chaos.targets.sim.kvpool import KVPool
@@ -28,7 +29,7 @@ from chaos.targets.sim.metrics import Metrics
 from chaos.targets.sim.prefix_cache import PrefixCache, chain_keys
 from chaos.targets.sim.protocol import BadRequest, Finish, GenerateInput, abort, kv_transfer_error
 from chaos.targets.sim.settings import WorkerSettings
-from chaos.targets.sim.tokenizer import EOS_ID, detokenize
+from chaos.targets.sim.tokenizer import EOS_ID, token_text
 
 log = logging.getLogger("sglang.scheduler")
 T = TypeVar("T")
@@ -67,8 +68,14 @@ class Req:
     first_token_at: float | None = None
     finished_at: float | None = None
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # set once, by finish()
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    # Wake-ups of `Engine.until_aborted` calls in progress, rung by `Engine.request_abort`.
+    abort_watchers: list[asyncio.Future[None]] = field(default_factory=list)
     prefilled: asyncio.Future[int] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # (page table, its slots): see Engine._slot_table. Keyed by the list's identity, because the
+    # engine replaces `pages` (never mutates it) whenever a request's pages change.
+    slot_table: tuple[list[int], np.ndarray] | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -244,6 +251,9 @@ class Engine:
         if req.finish is None and req.abort_reason is None:
             req.abort_reason = reason
             req.aborted.set()
+            for watcher in req.abort_watchers:
+                if not watcher.done():
+                    watcher.set_result(None)
             self._wake_prefill.set()
 
     def abort_matching(self, rid_prefix: str, abort_all: bool = False) -> int:
@@ -254,18 +264,34 @@ class Engine:
             self.request_abort(req, abort("Aborted by AbortReq."))
         return len(matched)
 
-    async def until_aborted(self, req: Req, awaitable: Awaitable[T], timeout: float | None = None) -> T | None:
-        """Await `awaitable`, but give up when the request is aborted (returns None) or on timeout."""
-        waiter = asyncio.ensure_future(awaitable)
-        stopper = asyncio.ensure_future(req.aborted.wait())
-        try:
-            done, _ = await asyncio.wait({waiter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopper.cancel()
-        if waiter in done:
-            return waiter.result()
-        waiter.cancel()
-        if stopper in done:
+    async def until_aborted(self, req: Req, future: asyncio.Future[T], timeout: float | None = None) -> T | None:
+        """Await `future`, but give up when the request is aborted (returns None) or on timeout.
+
+        `future` is never cancelled here (it may be shared, as with `asyncio.shield`). If it is
+        done when we wake, its outcome wins over an abort. One wake-up future and callbacks
+        instead of `asyncio.wait` over two tasks: this runs a few times for every request.
+        """
+        if not future.done() and not req.aborted.is_set():
+            loop = asyncio.get_running_loop()
+            wake: asyncio.Future[None] = loop.create_future()
+
+            def ring(_: object = None) -> None:
+                if not wake.done():
+                    wake.set_result(None)
+
+            future.add_done_callback(ring)
+            req.abort_watchers.append(wake)
+            timer = loop.call_later(timeout, ring) if timeout is not None else None
+            try:
+                await wake
+            finally:
+                future.remove_done_callback(ring)
+                req.abort_watchers.remove(wake)
+                if timer is not None:
+                    timer.cancel()
+        if future.done():
+            return future.result()
+        if req.aborted.is_set():
             return None
         raise asyncio.TimeoutError
 
@@ -277,7 +303,7 @@ class Engine:
         req.extra_tokens = extra_tokens
         self.prefill_queue.append(req)
         self._wake_prefill.set()
-        first = await self.until_aborted(req, asyncio.shield(req.prefilled))
+        first = await self.until_aborted(req, req.prefilled)
         if first is None:
             if req in self.prefill_queue:
                 self.prefill_queue.remove(req)
@@ -390,7 +416,9 @@ class Engine:
             self.finish(req, Finish(type="length", length=0))
             return False
         req.output_ids.append(token)
-        req.text = detokenize(req.output_ids)
+        # The same as detokenizing all of output_ids (a token's text never depends on its
+        # neighbours), without redoing the whole output on every step.
+        req.text += token_text(token)
         self.metrics.inc("generation_tokens_total")
         for stop in req.inp.stop:
             cut = req.text.find(stop)
@@ -423,11 +451,25 @@ class Engine:
 
     def _decode_one(self, req: Req) -> int:
         """Write the last token's KV, attend every slot of the sequence, predict the next."""
-        pos = req.prompt_len + len(req.output_ids) - 1
-        slots = self.pool.slots(req.pages, pos + 1)
-        previous = int(self.pool.ctx[slots[pos - 1]])
-        self.pool.write(slots[pos:], model.kv_for([req.output_ids[-1]], pos, previous))
-        return model.next_token(self.pool.read(slots), req.prompt_len, len(req.output_ids), req.mode, req.inp.sampling)
+        prompt_len = req.prompt_len
+        pos = prompt_len + len(req.output_ids) - 1
+        slots = self._slot_table(req, pos + 1)
+        pool = self.pool
+        previous = int(pool.ctx[slots[pos - 1]])
+        token = req.output_ids[-1]
+        pool.write_one(int(slots[pos]), token, pos, model.context_hash(previous, token, pos))
+        return model.next_token(pool.read(slots), prompt_len, len(req.output_ids), req.mode, req.inp.sampling)
+
+    def _slot_table(self, req: Req, num_tokens: int) -> np.ndarray:
+        """`pool.slots(req.pages, num_tokens)`, from a table of all the request's slots made once
+        per page table rather than on every decode step."""
+        table = req.slot_table
+        if table is None or table[0] is not req.pages:
+            table = (req.pages, self.pool.slots(req.pages, len(req.pages) * self.pool.page_size))
+            req.slot_table = table
+        if num_tokens > len(table[1]):
+            return self.pool.slots(req.pages, num_tokens)  # raises, as it always did
+        return table[1][:num_tokens]
 
     def _log_decode_batch(self) -> None:
         log.info(
@@ -461,6 +503,7 @@ class Engine:
         if not req.prefilled.done():
             req.prefilled.cancel()
         req.changed.set()
+        req.ended.set()
 
     def release(self, req: Req) -> None:
         """Give the request's pages back; full prompt pages it computed stay in the prefix cache."""

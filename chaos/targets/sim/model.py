@@ -186,12 +186,17 @@ def _mix64(value: int) -> int:
     return value ^ (value >> 31)
 
 
+def context_hash(previous_ctx: int, token: int, position: int) -> int:
+    """The context hash at `position`, from the one before it."""
+    return _mix64(previous_ctx ^ _mix64((token << 20) ^ position))
+
+
 def context_hashes(tokens: list[int], start_position: int, previous_ctx: int) -> np.ndarray:
     """The context hash of each token, continuing from the hash at `start_position - 1`."""
     out = np.empty(len(tokens), dtype=np.uint64)
     ctx = previous_ctx
     for i, token in enumerate(tokens):
-        ctx = _mix64(ctx ^ _mix64((token << 20) ^ (start_position + i)))
+        ctx = context_hash(ctx, token, start_position + i)
         out[i] = ctx
     return out
 
@@ -232,11 +237,22 @@ def choose_mode(prompt: KVSlots) -> Mode:
     return Mode.REPEAT if REPEAT_TRIGGER in text else Mode.GENERATE
 
 
+def _position_weights(n: int) -> np.ndarray:
+    weights: np.ndarray = (np.arange(1, n + 1, dtype=np.uint64) * np.uint64(_GOLDEN)) | np.uint64(1)
+    return weights
+
+
+_WEIGHTS = _position_weights(4096)  # grown on demand; computed once instead of on every token
+
+
 def _digest(attended: KVSlots) -> int:
+    global _WEIGHTS
     n = len(attended.ctx)
-    weights = (np.arange(1, n + 1, dtype=np.uint64) * np.uint64(_GOLDEN)) | np.uint64(1)
-    with np.errstate(over="ignore"):
-        return int(np.sum(attended.ctx * weights, dtype=np.uint64))
+    if n > len(_WEIGHTS):
+        _WEIGHTS = _position_weights(max(n, 2 * len(_WEIGHTS)))
+    # The weighted sum modulo 2**64. A uint64 dot product wraps exactly as the elementwise
+    # product and sum did (integer dot products never go through floating point), in one call.
+    return int(np.dot(attended.ctx, _WEIGHTS[:n]))
 
 
 def next_token(attended: KVSlots, prompt_len: int, step: int, mode: Mode, sampling: Sampling) -> int:

@@ -68,7 +68,7 @@ class PrefillEngine(Engine):
         timeouts = self.settings.timeouts
         req.phase = Phase.BOOTSTRAP
         try:
-            dest = await self.until_aborted(req, asyncio.shield(destination), timeout=timeouts.bootstrap_timeout_s)
+            dest = await self.until_aborted(req, destination, timeout=timeouts.bootstrap_timeout_s)
         except asyncio.TimeoutError:
             log.warning(
                 "Some requests timed out when bootstrapping, which means prefill instances fail to receive the KV indices from the decode instance of this request."

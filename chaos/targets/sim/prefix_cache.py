@@ -51,7 +51,9 @@ class PrefixCache:
 
     @property
     def evictable_pages(self) -> int:
-        return sum(1 for page in self._pages.values() if self.pool.refcount(page) == 1)
+        # Kept by the pool as references come and go (KVPool.cache_hold/cache_drop): a scan of
+        # every cached page here made each allocation cost grow with the size of the cache.
+        return self.pool.evictable_pages
 
     def match(self, keys: Sequence[PageKey]) -> list[int]:
         """The cached pages of the longest cached prefix; the caller gets a reference on each."""
@@ -81,30 +83,37 @@ class PrefixCache:
             if key in self._pages:
                 self._pages.move_to_end(key)
                 continue
-            self.pool.incref([page])
+            self.pool.cache_hold(page)
             self._pages[key] = page
 
     def evict(self, num_pages: int) -> int:
         """Free up to `num_pages` pages that only the cache holds, least recently used first."""
-        freed = 0
-        for key in list(self._pages):
-            if freed >= num_pages:
-                break
-            page = self._pages[key]
-            if self.pool.refcount(page) == 1:
-                del self._pages[key]
-                if self.keep_evicted_keys:
-                    self._stale[key] = page
-                self.pool.release([page])
-                freed += 1
-        return freed
+        # Pick the victims first, then drop them: the cache is not copied to be iterated, and the
+        # walk stops at the last victim (in-use pages sit at the recent end, so that is early).
+        # Dropping one victim cannot make another page evictable or not: a page cached under two
+        # keys (only with the stale-key defect) has two cache references, so it is never a victim.
+        victims: list[tuple[PageKey, int]] = []
+        if num_pages > 0:
+            refs = self.pool.refcount
+            for key, page in self._pages.items():
+                if refs(page) == 1:
+                    victims.append((key, page))
+                    if len(victims) >= num_pages:
+                        break
+        for key, page in victims:
+            del self._pages[key]
+            if self.keep_evicted_keys:
+                self._stale[key] = page
+            self.pool.cache_drop(page)
+        return len(victims)
 
     def flush(self) -> int:
         """Drop every cached page (`/flush_cache`); pages still in use keep their other owners."""
         pages = list(self._pages.values())
         self._pages.clear()
         self._stale.clear()
-        self.pool.release(pages)
+        for page in pages:
+            self.pool.cache_drop(page)
         return len(pages)
 
     def alloc(self, num_pages: int) -> list[int]:
@@ -115,5 +124,4 @@ class PrefixCache:
         return self.pool.alloc(num_pages)
 
     def can_alloc(self, num_pages: int) -> bool:
-        # The free list usually suffices; counting evictable pages walks the whole cache.
         return self.pool.free_pages >= num_pages or self.pool.free_pages + self.evictable_pages >= num_pages

@@ -92,6 +92,8 @@ class WorkerSettings:
     defects: tuple[str, ...] = ()  # defect switches (defects.py); none in a clean engine
     timeouts: TransferTimeouts = field(default_factory=TransferTimeouts)
     log_level: str = "info"
+    # Append each request's receive and first-token times here (timing.py); None: none kept.
+    timing_log: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

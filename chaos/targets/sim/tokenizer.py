@@ -9,8 +9,9 @@ process has seen); any other character maps to `UNICODE_BASE + codepoint`. So
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 PIECE_CHARS = 4
 _ASCII_FIRST = 0x20  # space
@@ -39,42 +40,49 @@ def _ascii_piece_text(token_id: int) -> str:
     return "".join(reversed(chars))
 
 
-def _pieces(text: str) -> Iterable[str]:
-    for match in _PIECE_RE.finditer(text):
-        run = match.group()
-        for start in range(0, len(run), PIECE_CHARS):
-            yield run[start : start + PIECE_CHARS]
+def tokenize(text: str) -> list[int]:
+    """Cut `text` into pieces (see the module docstring) and map each to its id.
 
-
-def _merge_punctuation(pieces: Iterable[str]) -> Iterable[str]:
-    """Glue single punctuation/space pieces into runs of up to four ASCII characters."""
-    pending = ""
-    for piece in pieces:
-        single_ascii = len(piece) == 1 and _ASCII_FIRST <= ord(piece) <= _ASCII_LAST and not piece.isalnum()
-        if single_ascii and len(pending) < PIECE_CHARS:
-            pending += piece
+    One pass over the regex's runs. A lone printable ASCII character that is not a letter or
+    digit (punctuation, a space not before a word) is glued to its neighbours of the same kind,
+    up to four characters; every other run is cut into pieces of four. A word's ids are
+    memoised: prompts repeat their words, and this runs on every request in both workers.
+    """
+    ids: list[int] = []
+    pending = ""  # glued punctuation not yet emitted
+    for run in _PIECE_RE.findall(text):
+        if len(run) == 1:
+            code = ord(run)
+            if _ASCII_FIRST <= code <= _ASCII_LAST and not run.isalnum():
+                if len(pending) < PIECE_CHARS:
+                    pending += run
+                    continue
+                ids.append(_ascii_piece_id(pending))
+                pending = run
+                continue
+            if pending:
+                ids.append(_ascii_piece_id(pending))
+                pending = ""
+            ids.append(_ascii_piece_id(run) if _ASCII_FIRST <= code <= _ASCII_LAST else UNICODE_BASE + code)
             continue
         if pending:
-            yield pending
+            ids.append(_ascii_piece_id(pending))
             pending = ""
-        if single_ascii:
-            pending = piece
-        else:
-            yield piece
+        ids.extend(_word_ids(run))
     if pending:
-        yield pending
-
-
-def tokenize(text: str) -> list[int]:
-    ids: list[int] = []
-    for piece in _merge_punctuation(_pieces(text)):
-        if _ASCII_FIRST <= ord(piece[0]) <= _ASCII_LAST:
-            ids.append(_ascii_piece_id(piece))
-        else:
-            ids.append(UNICODE_BASE + ord(piece))
+        ids.append(_ascii_piece_id(pending))
     return ids
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _word_ids(run: str) -> tuple[int, ...]:
+    """Ids of a run of letters or digits (with the space before it): pieces of four characters."""
+    return tuple(_ascii_piece_id(run[start : start + PIECE_CHARS]) for start in range(0, len(run), PIECE_CHARS))
+
+
+# Memoised: the engine renders every generated token, and a run's outputs come from a small
+# vocabulary (the toy model's words, or the prompt's own pieces when it repeats).
+@functools.lru_cache(maxsize=1 << 16)
 def token_text(token_id: int) -> str:
     """The text of one token; EOS and ids outside the vocabulary render as nothing."""
     if 0 < token_id < ASCII_SPACE:

@@ -27,6 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
+from chaos.targets.sim.aio import within
 from chaos.targets.sim.kvpool import KVPool, KVSlots
 
 log = logging.getLogger("sglang.disaggregation")
@@ -262,7 +263,7 @@ class KVSender:
         """
         self.state = SendState.CONNECTING
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(dest.host, dest.port), CONNECT_TIMEOUT_S)
+            reader, writer = await within(asyncio.open_connection(dest.host, dest.port), CONNECT_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError) as exc:
             self._end(SendState.NEVER_CONNECTED)
             raise TransferFailed(f"connect to {dest.host}:{dest.port} failed: {exc!r}") from None
@@ -291,7 +292,7 @@ class KVSender:
             elif fence_done:
                 writer.write(_frame(Kind.DONE, self.room, json.dumps(done.__dict__).encode()))
             await writer.drain()
-            kind, room, _ = await asyncio.wait_for(_read_frame(reader), ACK_TIMEOUT_S)
+            kind, room, _ = await within(_read_frame(reader), ACK_TIMEOUT_S)
             if kind is not Kind.ACK or room != self.room:
                 raise TransferFailed(f"expected ACK for room {self.room}, got {kind.name} for {room}")
             return not stopped
