@@ -19,6 +19,7 @@ import sys
 import types
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,17 +67,28 @@ def run(pair: VllmStack, tmp_path_factory: pytest.TempPathFactory) -> RunOutcome
     return _run_on(pair, CAMPAIGN, tmp_path_factory.mktemp("vllm-run"))
 
 
+@dataclass
+class ExpiryRun:
+    outcome: RunOutcome
+    stack: VllmStack  # the pair the campaign ran on: the module's, or a fresh one for a second run
+
+
 @pytest.fixture(scope="module")
-def expiry_run(pair: VllmStack, run: RunOutcome, tmp_path_factory: pytest.TempPathFactory) -> RunOutcome:
+def expiry(pair: VllmStack, run: RunOutcome, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExpiryRun]:
     """The lease-expiry campaign; once more, saying so, if the killed prefill was still tearing down
-    when its window gave up waiting (a SIGKILLed worker stayed in state R for over 30 s once in
-    CI, on a machine where it takes a second or two): that says nothing of vLLM or of the suite."""
+    when its window gave up waiting (a SIGKILLed worker stayed in state R for over 30 s in CI and
+    here under load, on a machine where it takes a second or two): that says nothing of vLLM or of
+    the suite. The second run gets a fresh pair, on ports and logs of its own: the module's pair
+    may not have come back (its heal waited on the lingering worker), and its logs hold the first
+    run's lines."""
     first = _run_on(pair, EXPIRY_CAMPAIGN, tmp_path_factory.mktemp("vllm-expiry"))
     kill = _kill_window(Journal.open(first.run_dir))
     if kill.confirmed or "still:" not in kill.confirm_evidence:
-        return first
+        yield ExpiryRun(first, pair)
+        return
     warnings.warn(f"the kill window lingered ({kill.confirm_evidence}); running the campaign once more", stacklevel=1)
-    return _run_on(pair, EXPIRY_CAMPAIGN, tmp_path_factory.mktemp("vllm-expiry-again"))
+    with running(VllmStack(pair.spec, tmp_path_factory.mktemp("vllm-pair-again"))) as fresh:
+        yield ExpiryRun(_run_on(fresh, EXPIRY_CAMPAIGN, tmp_path_factory.mktemp("vllm-expiry-again")), fresh)
 
 
 # ------------------------------------------------------------------ without engines (fast) ----
@@ -242,9 +254,10 @@ def test_campaign_verdict_is_pass(run: RunOutcome) -> None:
 
 @pytest.mark.real_engine
 @pytest.mark.timeout(1200)
-def test_a_decode_stall_past_the_kv_lease_is_caught_as_vllm_reading_freed_kv(expiry_run: RunOutcome) -> None:
+def test_a_decode_stall_past_the_kv_lease_is_caught_as_vllm_reading_freed_kv(expiry: ExpiryRun) -> None:
     """The engine none of us wrote, caught: prefill frees the blocks of a request whose lease ran
     out while decode was paused, decode then pulls them anyway, and vLLM says so."""
+    expiry_run = expiry.outcome
     journal = Journal.open(expiry_run.run_dir)
     window = next(w for w in windows_from_events(journal.iter_events(kind="fault")) if w.fault == "transfer_stall")
     assert window.confirmed, window.confirm_evidence
@@ -258,9 +271,8 @@ def test_a_decode_stall_past_the_kv_lease_is_caught_as_vllm_reading_freed_kv(exp
 
 @pytest.mark.real_engine
 @pytest.mark.timeout(900)
-def test_killed_prefill_is_confirmed_and_its_requests_end_in_clean_errors(
-    expiry_run: RunOutcome, pair: VllmStack
-) -> None:
+def test_killed_prefill_is_confirmed_and_its_requests_end_in_clean_errors(expiry: ExpiryRun) -> None:
+    expiry_run, pair = expiry.outcome, expiry.stack
     journal = Journal.open(expiry_run.run_dir)
     window = _kill_window(journal)
     assert window.confirmed and "gone=True" in window.confirm_evidence, window.confirm_evidence
