@@ -16,9 +16,11 @@ from typing import Protocol, TypeVar
 import httpx
 import pytest
 
+from chaos import transport
 from chaos.campaign import Campaign
 from chaos.runner import Runner, RunOutcome
 from chaos.targets.sim.stack import SimStack, SimStackConfig
+from chaos.transport import Transport
 
 # Ray and the router must stay on loopback (see chaos/cluster.py).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -84,6 +86,16 @@ def start_stack(tmp_path: Path, config: SimStackConfig | None = None) -> SimStac
     stack = SimStack(config or SimStackConfig(), tmp_path)
     stack.up()
     return stack
+
+
+@pytest.fixture()
+def fresh_transport(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The test starts with no transport (chaos/transport.py) and leaves none behind for the next."""
+    monkeypatch.delenv(transport.ENV, raising=False)
+    transport.configure(Transport())
+    yield
+    transport.configure(Transport())
+    os.environ.pop(transport.ENV, None)
 
 
 @pytest.fixture(scope="module")

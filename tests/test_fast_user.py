@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from loadprofiles.prompts import PromptFactory
 from loadprofiles.recorder import Observed, Sent, build_record, judge
 from loadprofiles.sse import Api
 
+pytestmark = pytest.mark.usefixtures("fresh_transport")
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-pdchaos-fast-user-51c0ffee9d2b7a44"
 VAR = "PDCHAOS_FAST_USER_TEST_KEY"
@@ -245,16 +245,6 @@ class RawServer:
             out.append(_sse({"id": "x", "choices": [], "usage": usage}))
         out.append(b"data: [DONE]\n\n")
         return out
-
-
-@pytest.fixture(autouse=True)
-def _fresh_transport(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts with no transport and leaves none behind."""
-    monkeypatch.delenv(transport.ENV, raising=False)
-    transport.configure(Transport())
-    yield
-    transport.configure(Transport())
-    os.environ.pop(transport.ENV, None)
 
 
 @pytest.fixture(scope="module")

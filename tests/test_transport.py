@@ -13,7 +13,6 @@ import sqlite3
 import ssl
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,20 +28,11 @@ from chaos.targets.spec import TargetSpec
 from chaos.transport import Transport, scrub_tree
 from tests.openai_server import AuthEchoServer
 
+pytestmark = pytest.mark.usefixtures("fresh_transport")
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-pdchaos-test-7f3a9c41d2e8b605"
 WRONG = "sk-pdchaos-wrong-0000000000000000"
 VAR = "PDCHAOS_TEST_API_KEY"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_transport(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts with no transport and leaves none behind for the next."""
-    monkeypatch.delenv(transport.ENV, raising=False)
-    transport.configure(Transport())
-    yield
-    transport.configure(Transport())
-    os.environ.pop(transport.ENV, None)
 
 
 # ------------------------------------------------------------------------------ unit ----
