@@ -238,9 +238,10 @@ def process_state(pid: int) -> str | None:
 def state_of_stat(stat: str) -> str:
     """The state in a /proc/PID/stat line, "X" (dead) once the process is exiting.
 
-    A SIGKILLed process with a large address space (a vLLM worker) can show "R" for tens of
-    seconds on a loaded machine while the kernel unmaps its memory; it never runs its own code
-    again, so it counts as gone (PF_EXITING in the flags field).
+    A SIGKILLed process with a large address space can show "R" for tens of seconds on a loaded
+    machine while the kernel unmaps its memory; it never runs its own code again, so it counts as
+    gone (PF_EXITING in the flags field). Not every lingering pid is that: a killed vLLM worker was
+    once seen in "R" without PF_EXITING, cause unknown, and counts as alive.
     """
     fields = stat.rsplit(")", 1)[1].split()
     state, flags = fields[0], int(fields[6])

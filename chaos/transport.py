@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,10 +302,6 @@ def scrub_tree(root: Path, secrets: Iterable[str] | None = None) -> list[Path]:
             path.write_bytes(cleaned)
             changed.append(path)
     return changed
-
-
-def headers_of(mapping: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
-    return tuple((str(k), str(v)) for k, v in (mapping or {}).items())
 
 
 def check_access(url: str, *, route: str = "/v1/models", timeout_s: float = 10.0) -> None:

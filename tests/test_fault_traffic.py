@@ -6,6 +6,7 @@ audited; every request a fault sends is in the journal with the run's canary mar
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -222,3 +223,45 @@ def test_an_over_length_burst_answered_404_is_not_confirmed() -> None:
     assert not confirmation.confirmed and "1 answered by the server's admission" in confirmation.evidence
     ctx.baseline["probes"] = [sent("a", 413), sent("b", 400), sent("c", 200)]
     assert fault.confirm(ctx).confirmed
+
+
+def test_a_calibration_reply_whose_tokens_decode_to_no_text_still_times_its_first_token() -> None:
+    """vLLM streams a token that decodes to no text (a tiny model, a split UTF-8 sequence) as an
+    empty delta; usage still counts it. client_abort's calibration asks for two tokens and needs
+    a time-to-first-token: the reply's end bounds it. A reply with no token has none."""
+    from faults.traffic.exchange import Exchange
+    from loadprofiles.sse import ResponseReader
+
+    def calibration(chunks: list[bytes]) -> Exchange:
+        reader = ResponseReader("completions", sse=True)
+        for i, chunk in enumerate(chunks):
+            reader.feed(chunk, now=100.0 + 0.1 * (i + 1))
+        ex = Exchange(
+            rid="c",
+            index=0,
+            prompt="x",
+            markers=[],
+            user_kind="fault_calibration",
+            actor="fault",
+            max_tokens=2,
+            stream=True,
+            route="completions",
+            status=200,
+            t_send=100.0,
+        )
+        ex.parsed = reader.close(now=100.5)
+        ex.t_end = 100.5
+        return ex
+
+    def chunk(text: str, finish: str | None = None, usage: dict[str, int] | None = None) -> bytes:
+        body = {"choices": [{"index": 0, "text": text, "finish_reason": finish}], "usage": usage}
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    empty = calibration(
+        [chunk(""), chunk("", "length", {"prompt_tokens": 9, "completion_tokens": 2}), b"data: [DONE]\n\n"]
+    )
+    assert empty.reply.token_times == [] and empty.ttft == pytest.approx(0.5)
+    with_text = calibration([chunk(""), chunk("hi", "length", {"prompt_tokens": 9, "completion_tokens": 2})])
+    assert with_text.ttft == pytest.approx(0.2)  # the first chunk that carried text
+    nothing = calibration([chunk("", "abort", {"prompt_tokens": 9, "completion_tokens": 0})])
+    assert nothing.ttft is None

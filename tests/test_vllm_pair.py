@@ -64,16 +64,8 @@ def _kill_window(journal: Journal) -> Any:
 
 @pytest.fixture(scope="module")
 def run(pair: VllmStack, tmp_path_factory: pytest.TempPathFactory) -> RunOutcome:
-    """The vLLM campaign; once more, saying so, when client_abort's latency calibration got no
-    token: the tiny model can answer a 2-token calibration prompt with two tokens that decode to no
-    text (vLLM streams them as empty deltas), which depends on the run's random marker prefix. A
-    known weakness of the calibration (it should count a token without text), to be fixed in
-    faults/traffic/client_abort.py; it says nothing of vLLM."""
-    first = _run_on(pair, CAMPAIGN, tmp_path_factory.mktemp("vllm-run"))
-    if not any("latency measurement got no token" in reason for reason in first.reasons):
-        return first
-    warnings.warn(f"client_abort's calibration got no token ({first.reasons}); running once more", stacklevel=1)
-    return _run_on(pair, CAMPAIGN, tmp_path_factory.mktemp("vllm-run-again"))
+    """The vLLM campaign, once."""
+    return _run_on(pair, CAMPAIGN, tmp_path_factory.mktemp("vllm-run"))
 
 
 @dataclass

@@ -87,8 +87,17 @@ class Exchange(Observed):
 
     @property
     def ttft(self) -> float | None:
+        """Seconds to the first token: its text's arrival or, for a reply whose tokens all decoded
+        to no text (a tiny model's empty deltas; usage still counts them), the reply's end, an
+        upper bound. None when no token came."""
+        if self.t_send is None:
+            return None
         times = self.reply.token_times
-        return times[0] - self.t_send if times and self.t_send is not None else None
+        if times:
+            return times[0] - self.t_send
+        if self.status == 200 and (self.reply.completion_tokens or 0) > 0 and self.t_end is not None:
+            return self.t_end - self.t_send
+        return None
 
     def ended_normally(self) -> bool:
         return self.status == 200 and self.finish_type not in (None, "abort") and self.client_closed is None
