@@ -11,31 +11,37 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import ssl
-import threading
 from typing import Any
 
 from aiohttp import web
+
+from tests.aiohttp_thread import ThreadedServer
 
 CONTEXT = 2048
 
 
 class AuthEchoServer:
-    def __init__(self, key: str | None, *, tls: ssl.SSLContext | None = None, token_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        key: str | None,
+        *,
+        tls: ssl.SSLContext | None = None,
+        token_delay_s: float = 0.0,
+        streams: bool = True,
+    ) -> None:
         self.key = key  # None: a server without credentials
         self.tls = tls
         self.token_delay_s = token_delay_s  # between streamed tokens, so a client can abort mid-stream
+        self.streams = streams  # False: `stream` is ignored and every reply comes whole, in one body
         self.unauthorized = 0  # requests refused for their credentials
-        self.loop = asyncio.new_event_loop()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        scheme = "https" if tls else "http"
+        app = web.Application(middlewares=[self._auth], client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        self.server = ThreadedServer(app, tls=tls)
         host = "localhost" if tls else "127.0.0.1"  # the test CA's certificate names localhost
-        self.url = f"{scheme}://{host}:{self.sock.getsockname()[1]}"
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.url = f"{'https' if tls else 'http'}://{host}:{self.server.port}"
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -73,7 +79,7 @@ class AuthEchoServer:
         # repeats the prompt's markers, then the headers, then one word per token up to max_tokens
         pieces = ([f"{prompt} ", f"(headers: {echo})"] + [" ok"] * budget)[:budget]
         usage = {"prompt_tokens": words, "completion_tokens": len(pieces), "total_tokens": words + len(pieces)}
-        if not body.get("stream"):
+        if not body.get("stream") or not self.streams:
             text = "".join(pieces)
             choice = (
                 {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
@@ -95,25 +101,9 @@ class AuthEchoServer:
         await response.write_eof()
         return response
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application(middlewares=[self._auth], client_max_size=64 * 1024 * 1024)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/completions", self._complete)
-        app.router.add_post("/v1/chat/completions", self._complete)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.SockSite(self.runner, self.sock, ssl_context=self.tls).start())
-        self.started.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(self.runner.cleanup())
-        self.loop.close()
-
     def __enter__(self) -> AuthEchoServer:
-        self.thread.start()
-        assert self.started.wait(10)
+        self.server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.server.__exit__(*exc)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import uuid
 import zlib
@@ -26,6 +25,7 @@ import httpx
 from aiohttp import web
 
 from chaos.journal import EventKind, Journal, JournalEvent, Outcome, RequestRecord
+from tests.aiohttp_thread import ThreadedServer
 
 VOCAB = (
     "amber",
@@ -299,43 +299,13 @@ class ToyServer:
 def serve(defects: Defects | None = None, config: ToyConfig | None = None) -> Iterator[ToyServer]:
     """Run a `ToyServer` on 127.0.0.1 (a free port) in a background thread."""
     server = ToyServer(defects, config)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    runner: web.AppRunner | None = None
-
-    async def start() -> None:
-        nonlocal runner
-        server.stopping = asyncio.Event()
-        runner = web.AppRunner(server.app(), shutdown_timeout=1.0)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        server.url = f"http://127.0.0.1:{port}"
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=run, name="toy-server", daemon=True)
-    thread.start()
-    if not ready.wait(10):
-        raise RuntimeError("toy server did not start")
-    try:
-        yield server
-    finally:
-
-        async def stop() -> None:
-            assert server.stopping is not None and runner is not None
-            server.stopping.set()
-            await runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+    server.stopping = asyncio.Event()
+    with ThreadedServer(server.app(), shutdown_timeout=1.0) as running:
+        server.url = running.url
+        try:
+            yield server
+        finally:  # on the server's loop, before the runner's cleanup: held requests answer 503
+            running.loop.call_soon_threadsafe(server.stopping.set)
 
 
 # ------------------------------------------------------------------------------------ client ----

@@ -5,13 +5,11 @@ like the incident (200 plus another request's marker), answer 500, report nothin
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import re
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from chaos.canary.reply import Reply, parse_sse
 from chaos.cli.canary import main, register
 from chaos.errors import UsageError
 from chaos.targets.sim.stack import SimStack
+from tests.aiohttp_thread import ThreadedServer
 
 pytestmark = pytest.mark.integration
 
@@ -66,13 +65,12 @@ class FakeTarget:
         self.report_context = report_context
         self.usage = usage
         self.seen: list[str] = []  # markers of earlier requests, oldest first
-        self.loop = asyncio.new_event_loop()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/chat/completions", self.complete)
+        app.router.add_post("/v1/completions", self.complete)
+        self.server = ThreadedServer(app)
+        self.url = self.server.url
 
     async def models(self, _: web.Request) -> web.Response:
         card: dict[str, Any] = {"id": "fake-model", "object": "model"}
@@ -126,28 +124,12 @@ class FakeTarget:
         await response.write_eof()
         return response
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/v1/chat/completions", self.complete)
-        app.router.add_post("/v1/completions", self.complete)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.SockSite(self.runner, self.sock).start())
-        self.started.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(self.runner.cleanup())
-        self.loop.close()
-
     def __enter__(self) -> FakeTarget:
-        self.thread.start()
-        assert self.started.wait(10)
+        self.server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.server.__exit__(*exc)
 
 
 @pytest.fixture()

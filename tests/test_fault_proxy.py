@@ -34,6 +34,7 @@ from faults.proxy.spec import FaultSpec, FaultSpecError, StreamFaults
 from faults.proxy.stats import ProxyStats
 from faults.proxy.tcp import FaultProxy
 from faults.proxy.thread import ProxyThread
+from tests.aiohttp_thread import ThreadedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 5.0
@@ -79,23 +80,8 @@ def http_port() -> Iterator[int]:
 
     app = web.Application()
     app.add_routes([web.get("/big", big), web.post("/echo", echo)])
-    runner = web.AppRunner(app, access_log=None)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def up() -> int:
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-
-    port = asyncio.run_coroutine_threadsafe(up(), loop).result(WAIT_S)
-    yield port
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(WAIT_S)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(WAIT_S)
-    loop.close()
+    with ThreadedServer(app, access_log=None) as server:
+        yield server.port
 
 
 @pytest.fixture()

@@ -7,7 +7,6 @@ make_fixtures.py there (a test below keeps them in sync).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gzip
 import importlib.util
 import json
@@ -15,7 +14,6 @@ import math
 import re
 import socket
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +47,7 @@ from chaos.preflight import (
     run_preflight,
 )
 from chaos.verdict import Verdict
+from tests.aiohttp_thread import ThreadedServer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
 POOL, CONTEXT = 681280, 1048576  # the incident's numbers
@@ -554,40 +553,23 @@ class Worker:
 
     def __init__(self, routes: dict[str, tuple[int, str, str]]) -> None:
         self.routes = routes
-        self.loop = asyncio.new_event_loop()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+        app = web.Application()
+        for path in self.routes:
+            app.router.add_get(path, self._handle)
+        self.server = ThreadedServer(app)
+        self.url = self.server.url
 
     async def _handle(self, request: web.Request) -> web.Response:
         status, body, content_type = self.routes[request.path]
         ctype, _, _charset = content_type.partition("; ")
         return web.Response(status=status, text=body, content_type=ctype)
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        for path in self.routes:
-            app.router.add_get(path, self._handle)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        self.loop.run_until_complete(web.SockSite(self.runner, self.sock).start())
-        self.started.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(self.runner.cleanup())
-        self.loop.close()
-
     def __enter__(self) -> Worker:
-        self.thread.start()
-        assert self.started.wait(10)
+        self.server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.server.__exit__(*exc)
 
 
 @pytest.fixture()
