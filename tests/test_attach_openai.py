@@ -70,3 +70,29 @@ def test_a_run_against_a_plain_openai_server_confirms_its_aborts_and_fails_nothi
     assert endpoints and all(e.startswith("/v1/") for e in endpoints), endpoints
     # no INCONCLUSIVE for want of a route the server lacks
     assert not any("not found" in r or "no token" in r for r in result["reasons"]), result["reasons"]
+
+
+def test_a_client_abort_whose_requests_finish_first_is_not_confirmed() -> None:
+    """On a target that counts no aborts, the client's own ending is the only evidence: a server
+    that answers every request whole (it ignores `stream`) finishes each one before the first
+    streamed token could trigger the disconnect, so the window must stay unconfirmed."""
+    from chaos.targets.attach import AttachTarget
+    from chaos.targets.dialect import OPENAI
+    from faults.base import FaultContext
+    from faults.registry import build_fault
+    from faults.window import run_window
+
+    params = {"phase": "decode", "method": "disconnect", "count": 2, "prompt_tokens": 200}
+    with AuthEchoServer(None, streams=False) as server:
+        target = AttachTarget(server.url, dialect=OPENAI)
+        result = run_window(build_fault("client_abort", params, "faults[0]"), FaultContext(target), duration_s=0.5)
+    evidence = result.confirmation.evidence
+    assert not result.confirmation.confirmed, evidence
+    assert "0/2 ended as a disconnect" in evidence and "200 stop x2" in evidence, evidence
+    assert "confirmed by the client's ending" in evidence  # what the (missing) confirmation rests on
+
+    with AuthEchoServer(None, token_delay_s=0.05) as server:  # the same fault where the stream is slow
+        target = AttachTarget(server.url, dialect=OPENAI)
+        result = run_window(build_fault("client_abort", params, "faults[0]"), FaultContext(target), duration_s=0.5)
+    assert result.confirmation.confirmed, result.confirmation.evidence
+    assert "2/2 ended as a disconnect" in result.confirmation.evidence
