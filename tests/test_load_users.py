@@ -7,7 +7,6 @@ then checks the records file against Locust's own count and the properties every
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import http.server
 import itertools
@@ -34,6 +33,7 @@ from chaos.targets.sim.tokenizer import tokenize
 from loadprofiles.config import CONFIG_ENV, LoadConfig, ShapeSpec, Stage
 from loadprofiles.prompts import PromptFactory
 from loadprofiles.shapes import users_at
+from tests.aiohttp_thread import ThreadedServer
 
 pytestmark = pytest.mark.integration
 
@@ -340,29 +340,18 @@ class GarbageServer:
     KINDS = ("garbage", "truncated_sse", "router_error", "huge", "malformed_lines", "reset", "good")
 
     def __init__(self) -> None:
-        self.port = free_port()
         self.counter = itertools.count()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.runner: web.AppRunner | None = None
-
-    async def _start(self) -> None:
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("POST", "/{tail:.*}", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.server = ThreadedServer(app)
+        self.port = self.server.port
 
     def __enter__(self) -> GarbageServer:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        self.server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        assert self.runner is not None
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
+        self.server.__exit__()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         await request.read()
