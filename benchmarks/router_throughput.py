@@ -36,36 +36,25 @@ import asyncio
 import json
 import math
 import os
-import platform
 import re
 import resource
-import shlex
-import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from harness import StopOnExit, command_line, machine_info, make_run_dir, utc_stamp, write_json
 
 from chaos.process import ManagedProcess, free_port, launch, wait_http_ok
+from chaos.targets.sglang.router import RouterOptions, router_command
 from chaos.targets.sim.settings import WorkerSettings
-from chaos.targets.sim.stack import (
-    LOOPBACK,
-    ROUTER_ENV,
-    RouterOptions,
-    SimStack,
-    SimStackConfig,
-    router_command,
-)
+from chaos.targets.sim.stack import LOOPBACK, ROUTER_ENV, SimStack, SimStackConfig
 from chaos.targets.sim.tokenizer import tokenize
 from chaos.targets.sim.worker import command_for, env_for
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 STUB = HERE / "stub_worker.py"
 ALL_TARGETS = ("embedded", "stub", "null-direct", "stub-direct")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -73,38 +62,6 @@ REQUEST_TIMEOUT_S = 60.0
 
 
 # ------------------------------------------------------------------------------ machine ----
-
-
-def machine_info() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count() or 0
-
-    def version(pkg: str) -> str:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return "?"
-
-    return {
-        "nproc": usable,
-        "cpu_count": os.cpu_count(),
-        "cpu_model": model,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "sglang_router": version("sglang-router"),
-        "aiohttp": version("aiohttp"),
-        "loadavg_start": list(os.getloadavg()),
-    }
 
 
 def group_cpu_s(pgid: int) -> float:
@@ -166,7 +123,8 @@ class Deployments:
         if "embedded" in self.wanted:
             self.stack = SimStack(SimStackConfig(worker=self.worker), self.run_dir / "embedded")
             ep = self.stack.up()
-            self.router_argv = self.stack.procs["router"].argv
+            router = self.stack.procs["router"]
+            self.router_argv = router.argv if isinstance(router, ManagedProcess) else []
             self.targets["embedded"] = Target(
                 "embedded",
                 ep.router_url,
@@ -437,6 +395,10 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[rank]
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
+
+
 def summarize(slices: list[Slice]) -> dict[str, Any]:
     ok = sum(s.ok for s in slices)
     seconds = sum(s.seconds for s in slices)
@@ -451,8 +413,8 @@ def summarize(slices: list[Slice]) -> dict[str, Any]:
         "errors": sum(s.errors for s in slices),
         "seconds": seconds,
         "rps": ok / seconds if seconds else 0.0,
-        "p50_ms": None if not lat else 1000 * percentile(lat, 50),
-        "p99_ms": None if not lat else 1000 * percentile(lat, 99),
+        "p50_ms": _ms(percentile(lat, 50)),
+        "p99_ms": _ms(percentile(lat, 99)),
         "mean_ms": None if not lat else 1000 * sum(lat) / len(lat),
         "cpu_ms_per_req": {name: 1000 * v / done if done else None for name, v in cpu.items()},
         "cpu_cores": {name: v / seconds if seconds else None for name, v in cpu.items()},
@@ -692,15 +654,9 @@ async def run_all(args: argparse.Namespace, targets: dict[str, Target], prompts:
     return results
 
 
-def _raise_interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    run_dir = (args.run_dir or REPO / "runs" / f"router_throughput-{stamp}").resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_run_dir(args.run_dir, "router_throughput", utc_stamp())
     worker = replace(
         WorkerSettings(),
         decode_step_s=args.decode_step_ms / 1000.0,
@@ -708,11 +664,10 @@ def main(argv: list[str] | None = None) -> int:
         transfer_tokens_per_s=args.transfer_tokens_per_s,
     )
     prompts = Prompts(args.prompt_tokens, args.max_new_tokens)
-    info = machine_info()
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    info = machine_info(cpu_count=True, versions=("sglang-router", "aiohttp"))
     deployments = Deployments(run_dir, worker, args.target_list)
     started = time.monotonic()
-    try:
+    with StopOnExit(deployments.close) as stopping:
         print(f"starting {', '.join(args.target_list)} (logs: {run_dir})", file=sys.stderr, flush=True)
         targets = deployments.up()
         sanity = asyncio.run(sanity_check(targets, args.max_new_tokens, prompts))
@@ -726,16 +681,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             filled = asyncio.run(fill_caches(targets, prompts, args.fill_timeout))
         results = asyncio.run(run_all(args, targets, prompts))
-    except KeyboardInterrupt:
-        print("interrupted; stopping everything", file=sys.stderr)
+    if stopping.interrupted:
         return 130
-    finally:
-        # A second Ctrl-C must not leave servers behind.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        deployments.close()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     info["loadavg_end"] = list(os.getloadavg())
     report = {
         "machine": info,
@@ -752,10 +699,7 @@ def main(argv: list[str] | None = None) -> int:
             "targets": args.target_list,
             "fill_timeout_s": args.fill_timeout,
         },
-        "command": " ".join(
-            shlex.quote(a)
-            for a in [".venv/bin/python", "benchmarks/router_throughput.py", *(sys.argv[1:] if argv is None else argv)]
-        ),
+        "command": command_line("router_throughput.py", argv),
         "router_argv": deployments.router_argv,
         "run_dir": str(run_dir),
         "wall_s": round(time.monotonic() - started, 1),
@@ -768,12 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(markdown(report))
     print(f"\n(total {report['wall_s']} s; logs in {run_dir})")
-    if args.json_path:
-        text = json.dumps(report, indent=2)
-        if args.json_path == "-":
-            print(text)
-        else:
-            Path(args.json_path).write_text(text + "\n")
+    write_json(report, args.json_path)
     return 0
 
 

@@ -39,9 +39,6 @@ import argparse
 import json
 import math
 import os
-import platform
-import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -52,14 +49,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from harness import REPO, StopOnExit, command_line, machine_info, make_run_dir, utc_stamp, write_json
+
 if str(REPO) not in sys.path:  # run as a script: the repository's packages come first
     sys.path.insert(0, str(REPO))
 
-from chaos.campaign_validation import load_campaign  # noqa: E402
-from chaos.journal import Journal, RequestRecord  # noqa: E402
-from chaos.targets.sim.stack import SimStack, sim_stack_config  # noqa: E402
+from chaos.campaign_validation import load_campaign
+from chaos.journal import Journal, Outcome, RequestRecord
+from chaos.targets.sim.stack import SimStack, sim_stack_config
 
 DEFAULT_CAMPAIGN = REPO / "campaigns" / "default.yaml"
 TARGET_MS = 1.0  # issue 17 item 6: the median difference at most 1 ms at the default load
@@ -214,7 +211,7 @@ class BareClient:
                 t_first_token=t_first if status == 200 else None,
                 t_end=time.time(),
                 status=status,
-                outcome="ok" if status == 200 else "fail",
+                outcome=Outcome.OK if status == 200 else Outcome.FAIL,
             )
         )
 
@@ -380,24 +377,6 @@ def markdown(report: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------- main ----
 
 
-def machine_info() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu_model": model,
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "loadavg_start": list(os.getloadavg()),
-    }
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--campaign", type=Path, default=DEFAULT_CAMPAIGN, help="its target.sim and load level are used")
@@ -428,16 +407,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _raise_interrupt(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     campaign = load_campaign(args.campaign)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    run_dir = (args.run_dir or REPO / "runs" / f"ttft_overhead-{stamp}").resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    stamp = utc_stamp()
+    run_dir = make_run_dir(args.run_dir, "ttft_overhead", stamp)
     config = sim_stack_config(campaign.target.sim)
     if args.no_proxies:
         config = replace(config, proxied_links=False)
@@ -455,7 +429,6 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": args.duration,
     }
     info = machine_info()
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     stack = SimStack(config, run_dir / "stack")
     report: dict[str, Any] = {
         "machine": info,
@@ -469,15 +442,12 @@ def main(argv: list[str] | None = None) -> int:
             "floor_interval_s": args.floor_interval,
             "short": args.short,
         },
-        "command": " ".join(
-            shlex.quote(a)
-            for a in [".venv/bin/python", "benchmarks/ttft_overhead.py", *(sys.argv[1:] if argv is None else argv)]
-        ),
+        "command": command_line("ttft_overhead.py", argv),
         "run_dir": str(run_dir),
         "started_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     floors: dict[str, list[RequestRecord]] = {}
-    try:
+    with StopOnExit(stack.down) as stopping:
         print(f"starting the embedded stack (logs: {run_dir})", file=sys.stderr, flush=True)
         endpoints = stack.up()
         host, _, port = endpoints.router_url.removeprefix("http://").partition(":")
@@ -505,15 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                 beside.join(30)
             during.close()
         floors["floor_under_load"] = during.records
-    except KeyboardInterrupt:
-        print("interrupted; stopping everything", file=sys.stderr)
+    if stopping.interrupted:
         return 130
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        stack.down()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     info["loadavg_end"] = list(os.getloadavg())
     server = read_timing(timing["decode"])
     for name, floor_records in floors.items():
@@ -528,12 +491,7 @@ def main(argv: list[str] | None = None) -> int:
     report["target_met"] = median is not None and median <= TARGET_MS
     print(markdown(report))
     print(f"\n(logs in {run_dir})")
-    if args.json_path:
-        text = json.dumps(report, indent=2)
-        if args.json_path == "-":
-            print(text)
-        else:
-            Path(args.json_path).write_text(text + "\n")
+    write_json(report, args.json_path)
     return 0
 
 
