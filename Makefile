@@ -32,7 +32,8 @@ test: $(STAMP) vllm-env sglang-env sglang-old-env
 	$(BIN)/python -m pytest --durations=30 $(PYTEST_ARGS)
 
 # The inner loop: ruff's lint and format check on the whole tree (CHECKED), strict mypy on the four
-# packages (pyproject.toml's settings), then the fast tests; under 3 minutes on two cores.
+# packages and the benchmarks (pyproject.toml's settings), then the fast tests; under 3 minutes on
+# two cores.
 PACKAGES := chaos faults loadprofiles reports
 CHECKED  := $(PACKAGES) tests benchmarks
 # The fast tests: no embedded engine, real-engine tier or GPU, and not the three tests over 5 s in
@@ -46,7 +47,7 @@ FAST_TESTS := -m "not integration and not real_engine and not gpu" \
 check: $(STAMP)
 	$(BIN)/ruff check $(CHECKED)
 	$(BIN)/ruff format --check $(CHECKED)
-	$(BIN)/mypy $(PACKAGES)
+	$(BIN)/mypy $(PACKAGES) benchmarks
 	$(BIN)/python -m pytest -q --durations=5 $(FAST_TESTS) $(PYTEST_ARGS)
 
 sglang-old-env: sglang-env

@@ -299,7 +299,8 @@ def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSumm
     stems = campaign_stems() if stems is None else stems
     with Journal.open(run_dir, readonly=True) as journal:
         meta = journal.all_meta()
-        campaign = meta.get("campaign") if isinstance(meta.get("campaign"), dict) else {}
+        meta_campaign = meta.get("campaign")
+        campaign: dict[str, Any] = meta_campaign if isinstance(meta_campaign, dict) else {}
         name = str(campaign.get("name", "?"))
         sim = ((campaign.get("target") or {}).get("sim") or {}) if isinstance(campaign.get("target"), dict) else {}
         defects = [str(d) for d in sim.get("defects") or []]
@@ -453,7 +454,8 @@ def select(
 ) -> tuple[list[RunSummary], list[RunSummary]]:
     """(kept, left out): the runs of the current sources; with `records_digest`, those of that
     digest instead; with `any_source`, all. A run of unknown sources is of no digest."""
-    kept, left = [], []
+    kept: list[RunSummary] = []
+    left: list[RunSummary] = []
     for run in runs:
         wanted = any_source or run.source_digest == (records_digest or digest)
         (kept if wanted else left).append(run)
@@ -698,7 +700,7 @@ def _ranges(seeds: Sequence[int]) -> str:
     if not seeds:
         return "–"
     parts, start, prev = [], seeds[0], seeds[0]
-    for s in list(seeds[1:]) + [None]:  # type: ignore[list-item]
+    for s in list(seeds[1:]) + [None]:
         if s is not None and s == prev + 1:
             prev = s
             continue
@@ -1221,7 +1223,7 @@ def self_test() -> int:
             and dd["rejected_prefill_handoff"]["median_window_s"] is None
             and dd["rejected_prefill_handoff"]["median_first_s"] == -3.0,
             "default: every window of the run, from its first event": [
-                [w["start_s"] for w in r.windows] for r in runs if r.path.endswith("e/1")
+                [w["start_s"] for w in r.windows or []] for r in runs if r.path.endswith("e/1")
             ]
             == [[2.0, 14.0, 38.0]],
             "default: the clean run's FAIL is a false positive of its column": cols["default"]["clean"]["default"][
@@ -1584,9 +1586,10 @@ def matrix_run(
     run_dir = item.run_dir(out)
     if INTERRUPTED.is_set() or not (run_dir / JOURNAL_FILENAME).is_file():
         return None
-    [run] = summarize_dirs([run_dir], stems) or [None]
-    if run is None:
+    summaries = summarize_dirs([run_dir], stems)
+    if not summaries:
         return None
+    [run] = summaries
     if args.records and run.verdict is not None and run.source_digest is not None:
         write_record(args.records, run)
     return run

@@ -46,7 +46,7 @@ if os.environ.get(BODIES_ENV):
     from locust import FastHttpUser, constant, task
 
     with open(os.environ[BODIES_ENV]) as _fh:
-        _BODIES: list[tuple[str, str, str]] = [tuple(x) for x in json.load(_fh)]  # type: ignore[misc]
+        _BODIES: list[tuple[str, str, str]] = [tuple(x) for x in json.load(_fh)]
     _NEXT = itertools.count()
 
     class SameBodiesUser(FastHttpUser):
@@ -147,6 +147,7 @@ def build_bodies(count: int, seed: int, max_tokens: int, index_base: int) -> lis
     from chaos.targets.discovery import TargetFacts
     from loadprofiles.exchange import ROUTES, request_body
     from loadprofiles.prompts import PromptFactory
+    from loadprofiles.sse import Api
 
     codec = MarkerCodec(new_run_prefix())
     prompts = PromptFactory(codec, seed, TargetFacts())
@@ -155,7 +156,8 @@ def build_bodies(count: int, seed: int, max_tokens: int, index_base: int) -> lis
     for i in range(count):
         index = index_base + i
         prompt = prompts.canary(index, medium=rng.random() < 0.3, repeat=rng.random() < 0.5)
-        route = rng.choice(["generate", "chat", "completions"] if prompt.chat_ok else ["generate", "completions"])
+        routes: list[Api] = ["generate", "chat", "completions"] if prompt.chat_ok else ["generate", "completions"]
+        route = rng.choice(routes)
         stream = rng.random() < 0.5
         rid = f"{codec.run_prefix}-load-{index:09d}-bench" if route == "generate" else None
         body = request_body(route, prompt, stream=stream, max_tokens=max_tokens, model="default", rid=rid)
@@ -205,7 +207,7 @@ def run_locust(
     duration: float,
     server_pid: int,
     pin: bool,
-    children: list[subprocess.Popen[str]],
+    children: list[subprocess.Popen[str] | subprocess.Popen[bytes]],
 ) -> RunResult:
     result = RunResult(variant, round_no)
     started = time.monotonic()
@@ -426,7 +428,10 @@ def markdown(report: dict[str, Any]) -> str:
         o, f = s["ours"], s["fasthttp"]
         ratio, cpu = report["ratios"]["rps"], report["ratios"]["locust_cpu_per_req"]
         h = s.get("httpx")
-        extra = (lambda key, digits: f" {fmt(h[key], digits)} |") if h else (lambda key, digits: "")
+
+        def extra(key: str, digits: int) -> str:
+            return f" {fmt(h[key], digits)} |" if h else ""
+
         lines += [
             "",
             "| medians | ours | fasthttp | ours / fasthttp |" + (" httpx |" if h else ""),
@@ -518,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         "records": [],
         "records_httpx": [],
     }
-    children: list[subprocess.Popen[str]] = []
+    children: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = []
     tmp = Path(tempfile.mkdtemp(prefix="locust_users-"))
 
     def stop(signum: int, _frame: object) -> None:

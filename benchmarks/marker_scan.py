@@ -46,6 +46,7 @@ distinct whole markers, so nearly every hit is a repeat; at 1,000,000 nearly non
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -334,10 +335,10 @@ def measure(
         for method in methods[rep % 3 :] + methods[: rep % 3]:  # each goes first in turn
             fresh = MarkerCodec(codec.run_prefix)  # remembers nothing from earlier passes
             if method == "scan":
-                seconds, row.scan_hits = timed(lambda fresh=fresh: scan_responses(fresh, texts))
+                seconds, row.scan_hits = timed(functools.partial(scan_responses, fresh, texts))
                 row.scan_s.append(seconds)
             elif method == "clean":
-                row.clean_s.append(timed(lambda fresh=fresh: scan_responses(fresh, clean_texts))[0])
+                row.clean_s.append(timed(functools.partial(scan_responses, fresh, clean_texts))[0])
             else:
                 seconds, _ = timed(lambda: naive(sample))
                 row.naive_s.append(seconds * scale)

@@ -30,10 +30,12 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 def _prompt_of(body: dict[str, Any]) -> str:
-    if isinstance(body.get("text"), str):
-        return body["text"]
-    if isinstance(body.get("prompt"), str):
-        return body["prompt"]
+    text = body.get("text")
+    if isinstance(text, str):
+        return text
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
     messages = body.get("messages")
     if isinstance(messages, list) and messages and isinstance(messages[-1], dict):
         return str(messages[-1].get("content", ""))

@@ -19,7 +19,8 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -83,7 +84,7 @@ def make_app(args: argparse.Namespace) -> web.Application:
     async def health(_: web.Request) -> web.Response:
         return web.Response(status=200)
 
-    def fixed(payload: dict) -> object:
+    def fixed(payload: dict[str, Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handler(_: web.Request) -> web.Response:
             return web.json_response(payload)
 

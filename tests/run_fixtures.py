@@ -180,6 +180,9 @@ class _Writer:
         window = self.window_at(t_send) if phase == "load" else None
         slow = self.s.slowdown_under_faults if window else 1.0
         ttft = self.rng.lognormvariate(-2.8, 0.35) * slow  # about 60 ms
+        status: int | None
+        error_class: str | None
+        finish: str | None
         outcome, status, error_class, finish, tokens = Outcome.OK, 200, None, "length", self.s.max_tokens
         if window is not None:
             ttft += self.rng.uniform(0.5, 2.5) * slow
