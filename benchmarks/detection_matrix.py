@@ -65,6 +65,7 @@ runs made by hand count only with `--any-source`).
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import functools
 import hashlib
@@ -117,8 +118,11 @@ DEFAULT_RECORDS = HERE / "results" / "detection-matrix"
 SOURCE_TREES = ("chaos", "faults", "loadprofiles")
 SOURCE_FILES = ("campaigns/default.yaml", "campaigns/defects/*.yaml", "benchmarks/campaigns/*.yaml")
 # The other engines' targets: a matrix run launches the embedded engine only (their specs just
-# parse their own `target:` sections), so a fix there does not make the records stale.
+# parse their own `target:` sections), so a fix there does not make the records stale; except
+# the files the embedded engine's own modules import from them (SIM_TREE: its stack starts the
+# real sglang-router with chaos/targets/sglang/router.py's flags), which are covered.
 SOURCE_EXCLUDED = ("chaos/targets/sglang/", "chaos/targets/vllm/")
+SIM_TREE = "chaos/targets/sim"
 RUN_TIMEOUT_S = 900
 DIGEST_LINE = re.compile(r"^- source digest: `([0-9a-f]+)`")
 
@@ -377,16 +381,57 @@ def find_runs(roots: Iterable[Path]) -> list[Path]:
     return sorted(found)
 
 
+def _imported_files(path: Path) -> set[Path]:
+    """The repository's .py files `path` imports (anywhere in it, lazy imports too), with the
+    packages' __init__.py that importing them runs."""
+    found: set[Path] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = (
+            [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.level == 0
+            else [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else []
+        )
+        for name in names:
+            parts = name.split(".")
+            for depth in range(1, len(parts) + 1):
+                module = REPO / Path(*parts[:depth])
+                for candidate in (module / "__init__.py", module.with_suffix(".py")):
+                    if candidate.is_file():
+                        found.add(candidate)
+    return found
+
+
+def sim_imports_from_excluded() -> set[Path]:
+    """The files of SOURCE_EXCLUDED that the embedded engine's modules import, directly or through
+    each other: they decide the matrix's runs as much as the engine does."""
+    pending = [p for p in (REPO / SIM_TREE).rglob("*.py")]
+    seen: set[Path] = set(pending)
+    kept: set[Path] = set()
+    while pending:
+        for imported in _imported_files(pending.pop()):
+            if imported in seen:
+                continue
+            seen.add(imported)
+            if imported.relative_to(REPO).as_posix().startswith(SOURCE_EXCLUDED):
+                kept.add(imported)
+                pending.append(imported)
+    return kept
+
+
 def source_files() -> list[Path]:
-    """The files the digest covers (SOURCE_TREES, SOURCE_FILES; not SOURCE_EXCLUDED), sorted."""
+    """The files the digest covers (SOURCE_TREES, SOURCE_FILES; not SOURCE_EXCLUDED but for what
+    the embedded engine imports from it), sorted."""
     paths = {p for tree in SOURCE_TREES for p in (REPO / tree).rglob("*")}
     paths |= {p for pattern in SOURCE_FILES for p in REPO.glob(pattern)}
+    imported = sim_imports_from_excluded()
     keep = []
     for path in paths:
         rel = path.relative_to(REPO).as_posix()
         if (
             not path.is_file()
-            or rel.startswith(SOURCE_EXCLUDED)
+            or (rel.startswith(SOURCE_EXCLUDED) and path not in imported)
             or "__pycache__" in path.parts
             or path.suffix == ".pyc"
         ):
@@ -1325,7 +1370,8 @@ def self_test() -> int:
                 "loadprofiles/users.py",
             }
             <= covered
-            and not any(p.startswith(SOURCE_EXCLUDED) for p in covered)
+            and {p for p in covered if p.startswith(SOURCE_EXCLUDED)}
+            == {"chaos/targets/sglang/__init__.py", "chaos/targets/sglang/router.py"}
             and "campaigns/sglang-launch.yaml" not in covered
         )
         for what, ok in checks.items():
