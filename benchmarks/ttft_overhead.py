@@ -59,7 +59,7 @@ from chaos.journal import Journal, Outcome, RequestRecord
 from chaos.targets.sim.stack import SimStack, sim_stack_config
 
 DEFAULT_CAMPAIGN = REPO / "campaigns" / "default.yaml"
-TARGET_MS = 1.0  # issue 17 item 6: the median difference at most 1 ms at the default load
+TARGET_MS = 1.0  # the target: a median difference of at most 1 ms at the default load
 
 
 # ----------------------------------------------------------------------------- statistics ----

@@ -82,7 +82,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
     {"cli": ("chaos.cli*",)},
 )
 
-# Cycles still in the tree, each with the part of issue 15 that removes it. An entry whose cycle is
+# Cycles still in the tree, each with the change that removes it. An entry whose cycle is
 # gone fails the test too: delete it then.
 TEMPORARY_CYCLES: dict[frozenset[str], str] = {}
 
