@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ from chaos.targets.sim.stack import SimStack, SimStackConfig
 from faults.base import FaultContext
 from faults.registry import FAULTS, build_fault
 from faults.traffic.client_abort import AbortPlan
+from faults.traffic.exchange import Exchange
 from faults.traffic.source import FAULT_INDEX_BASE, INDEX_SPAN, window_index_base
 from faults.window import run_window
 from loadprofiles.sizing import plan_thresholds
@@ -198,24 +200,18 @@ def test_an_over_length_prompt_that_lands_over_the_smallest_limit_is_judged_what
     assert undershot(thresholds, 1011)  # under every limit: a miss, not judged
 
 
+def _exchange(**fields: Any) -> Exchange:
+    """A fault's request as the client saw it, for a confirmation or a timing to read."""
+    return Exchange(index=0, prompt="x", markers=[], actor="fault", **fields)
+
+
 def test_an_over_length_burst_answered_404_is_not_confirmed() -> None:
     """A server without the route never ran its admission check: 404 is no answer to the prompt."""
     from faults.base import FaultContext
-    from faults.traffic.exchange import Exchange
     from faults.traffic.over_length import OverLengthBurst
 
     def sent(rid: str, status: int) -> Exchange:
-        return Exchange(
-            rid=rid,
-            index=0,
-            prompt="x",
-            markers=[],
-            user_kind="over_length",
-            actor="fault",
-            max_tokens=8,
-            stream=False,
-            status=status,
-        )
+        return _exchange(rid=rid, user_kind="over_length", max_tokens=8, stream=False, status=status)
 
     fault = OverLengthBurst(OverLengthBurst.Params())
     ctx = FaultContext(target=None, baseline={"probes": [sent("a", 404), sent("b", 400)]})  # type: ignore[arg-type]
@@ -229,26 +225,16 @@ def test_a_calibration_reply_whose_tokens_decode_to_no_text_still_times_its_firs
     """vLLM streams a token that decodes to no text (a tiny model, a split UTF-8 sequence) as an
     empty delta; usage still counts it. client_abort's calibration asks for two tokens and needs
     a time-to-first-token: the reply's end bounds it. A reply with no token has none."""
-    from faults.traffic.exchange import Exchange
     from loadprofiles.sse import ResponseReader
 
     def calibration(chunks: list[bytes]) -> Exchange:
         reader = ResponseReader("completions", sse=True)
         for i, chunk in enumerate(chunks):
             reader.feed(chunk, now=100.0 + 0.1 * (i + 1))
-        ex = Exchange(
-            rid="c",
-            index=0,
-            prompt="x",
-            markers=[],
-            user_kind="fault_calibration",
-            actor="fault",
-            max_tokens=2,
-            stream=True,
-            route="completions",
-            status=200,
-            t_send=100.0,
+        ex = _exchange(
+            rid="c", user_kind="fault_calibration", max_tokens=2, stream=True, route="completions", status=200
         )
+        ex.t_send = 100.0
         ex.parsed = reader.close(now=100.5)
         ex.t_end = 100.5
         return ex
