@@ -384,22 +384,18 @@ def find_runs(roots: Iterable[Path]) -> list[Path]:
 def _imported_files(path: Path) -> set[Path]:
     """The repository's .py files `path` imports (anywhere in it, lazy imports too), with the
     packages' __init__.py that importing them runs."""
-    found: set[Path] = set()
+    names: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names = (
-            [node.module or ""]
-            if isinstance(node, ast.ImportFrom) and node.level == 0
-            else [a.name for a in node.names]
-            if isinstance(node, ast.Import)
-            else []
-        )
-        for name in names:
-            parts = name.split(".")
-            for depth in range(1, len(parts) + 1):
-                module = REPO / Path(*parts[:depth])
-                for candidate in (module / "__init__.py", module.with_suffix(".py")):
-                    if candidate.is_file():
-                        found.add(candidate)
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    found: set[Path] = set()
+    for name in names:
+        parts = name.split(".")
+        for depth in range(1, len(parts) + 1):
+            module = REPO / Path(*parts[:depth])
+            found.update(c for c in (module / "__init__.py", module.with_suffix(".py")) if c.is_file())
     return found
 
 
