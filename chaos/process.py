@@ -248,6 +248,20 @@ def state_of_stat(stat: str) -> str:
     return "X" if flags & PF_EXITING and state not in EXITED else state
 
 
+def kernel_wait(pid: int) -> str | None:
+    """Where in the kernel a process is (/proc/PID/wchan, else the top of /proc/PID/stack), None
+    when it runs in user space or this cannot be read: what tells a killed process that is still
+    unmapping its memory from one stuck in a driver."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+        if wchan and wchan != "0":
+            return wchan
+        top = Path(f"/proc/{pid}/stack").read_text().split("\n", 1)[0].strip()
+    except OSError:
+        return None
+    return top.split("] ", 1)[-1].split("+", 1)[0] or None
+
+
 def started_at(pid: int) -> float | None:
     """When a process started (epoch seconds, as `ps -o lstart` gives it), None if it is gone: with
     the pid, what tells a process from a later one that reuses its pid."""

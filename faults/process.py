@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from chaos.errors import UsageError
-from chaos.process import live_states
+from chaos.process import kernel_wait, live_states
 from faults.base import Confirmation, Fault, FaultContext, FaultParams
 from faults.signals import LogCursor, healthy, transfer_failures
 from faults.undo import UndoAction
@@ -49,7 +49,11 @@ def _all_stopped(procs: list[Any]) -> bool:
 
 
 def _states(states: dict[int, str]) -> str:
-    return ", ".join(f"pid {pid} {state}" for pid, state in sorted(states.items()))
+    """`pid N S`, and where in the kernel each one waits when that can be read."""
+    return ", ".join(
+        f"pid {pid} {state}" + (f" in {where}" if (where := kernel_wait(pid)) else "")
+        for pid, state in sorted(states.items())
+    )
 
 
 def _peer(role: str) -> str:

@@ -154,13 +154,13 @@ class PromptFactory:
     def markers(self, request_index: int) -> tuple[str, str]:
         return self.codec.marker(request_index, 0), self.codec.marker(request_index, 1)
 
-    def _body(self, request_index: int, words: int, instruction: str) -> tuple[str, int]:
-        """`HEAD instruction filler TAIL` and its estimated size."""
-        head, tail = self.markers(request_index)
+    def _body(self, request_index: int, words: int, instruction: str) -> tuple[str, int, tuple[str, str]]:
+        """`HEAD instruction filler TAIL`, its estimated size and its markers (HEAD, TAIL)."""
+        head, tail = markers = self.markers(request_index)
         rng = self.rng_for(request_index, "filler")
         fixed = [head, f" {instruction}" if instruction else "", f" {tail}"]
         text = f"{fixed[0]}{fixed[1]}{self.filler(rng, words)}{fixed[2]}"
-        return text, words + sum(estimate_tokens(part) for part in fixed)
+        return text, words + sum(estimate_tokens(part) for part in fixed), markers
 
     def _instruction(self, rng: random.Random, repeat: bool) -> str:
         return rng.choice(REPEAT_INSTRUCTIONS if repeat else OTHER_INSTRUCTIONS)
@@ -170,11 +170,11 @@ class PromptFactory:
     def canary(self, request_index: int, *, medium: bool, repeat: bool) -> Prompt:
         rng = self.rng_for(request_index, "canary")
         lo, hi = MEDIUM_WORDS if medium else SHORT_WORDS
-        text, est = self._body(request_index, rng.randint(lo, hi), self._instruction(rng, repeat))
+        text, est, markers = self._body(request_index, rng.randint(lo, hi), self._instruction(rng, repeat))
         return Prompt(
             kind="canary_medium" if medium else "canary_short",
             messages=(Message("user", text),),
-            markers=self.markers(request_index),
+            markers=markers,
             repeat=repeat,
             est_tokens=est,
         )
@@ -191,12 +191,12 @@ class PromptFactory:
     def shared_prefix_prompt(self, request_index: int, *, repeat: bool) -> Prompt:
         """The run's common system prompt, then a short unique question with the markers."""
         rng = self.rng_for(request_index, "shared")
-        text, est = self._body(request_index, rng.randint(*SHORT_WORDS), self._instruction(rng, repeat))
+        text, est, markers = self._body(request_index, rng.randint(*SHORT_WORDS), self._instruction(rng, repeat))
         messages = (Message("system", self.shared_prefix), Message("user", text))
         return Prompt(
             kind="shared_prefix",
             messages=messages,
-            markers=self.markers(request_index),
+            markers=markers,
             repeat=repeat,
             est_tokens=est + estimate_tokens(render_messages(messages[:1])),
         )
@@ -227,11 +227,11 @@ class PromptFactory:
         target = int(limit * rng.uniform(*LONG_FRACTION))
         instruction = self._instruction(rng, repeat)
         fixed = estimate_tokens(instruction) + 2 * estimate_tokens(" " + self.markers(request_index)[0])
-        text, est = self._body(request_index, target - fixed, instruction)
+        text, est, markers = self._body(request_index, target - fixed, instruction)
         return Prompt(
             kind="long_context",
             messages=(Message("user", text),),
-            markers=self.markers(request_index),
+            markers=markers,
             repeat=repeat,
             est_tokens=est,
         )
@@ -246,11 +246,11 @@ class PromptFactory:
     def over_length(self, request_index: int, threshold: Threshold) -> Prompt:
         head, _ = self.markers(request_index)
         fixed = 2 * estimate_tokens(" " + head)
-        text, est = self._body(request_index, threshold.target - fixed, "")
+        text, est, markers = self._body(request_index, threshold.target - fixed, "")
         return Prompt(
             kind="over_length",
             messages=(Message("user", text),),
-            markers=self.markers(request_index),
+            markers=markers,
             repeat=False,
             est_tokens=est,
             # The band needs input + max_tokens <= context_length; elsewhere the config's max_tokens.

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from chaos.campaign import OracleSpec
 from chaos.journal import EventKind, Journal, JournalEvent, Outcome, RequestRecord
 from chaos.oracles.base import OracleContext, OracleSettings
 from chaos.oracles.contracts import StatusContractOracle, UsageContractOracle
@@ -24,7 +25,7 @@ from chaos.oracles.integrity import EngineIntegrityOracle, log_time
 from chaos.oracles.leaks import CanaryLeakOracle
 from chaos.oracles.liveness import LivenessOracle
 from chaos.oracles.reference import ReferenceOracle
-from chaos.oracles.registry import ALL_ORACLES, default_oracles, oracles_named
+from chaos.oracles.registry import ALL_ORACLES, oracles_named
 from chaos.oracles.timing import TimingTellOracle
 from chaos.targets.sim.stack import SimStack
 from chaos.verdict import OracleResult, Verdict
@@ -953,7 +954,9 @@ def test_registry_lists_every_oracle_by_its_name_and_each_runs_on_an_empty_journ
         "tenant_isolation",
     ]
     assert ALL_ORACLES["canary"] is CanaryLeakOracle
-    oracles = default_oracles()
+    # A campaign that leaves oracles.enabled out runs every oracle, a new one included.
+    assert OracleSpec().enabled == list(ALL_ORACLES)
+    oracles = [cls() for cls in ALL_ORACLES.values()]
     assert [o.name for o in oracles] == list(ALL_ORACLES)
     for oracle in oracles:
         result = oracle.evaluate(context(journal))

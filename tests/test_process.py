@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from chaos.process import (
     PortTaken,
     free_port,
     group_members,
+    kernel_wait,
     kill_group,
     launch,
     listener_pids,
@@ -119,3 +121,18 @@ def test_a_member_the_kernel_is_tearing_down_counts_as_gone_whatever_state_it_sh
 
 def test_our_own_process_reads_as_running_not_exiting() -> None:
     assert process_state(os.getpid()) in ("R", "S")
+
+
+def test_where_a_process_waits_in_the_kernel_is_read_for_the_record() -> None:
+    # What a lingering killed worker's evidence adds to its state: a sleeping child waits in the
+    # kernel's sleep; a pid that does not exist reads as unknown.
+    sleeper = subprocess.Popen(["sleep", "5"])
+    try:
+        deadline = time.monotonic() + 5
+        while process_state(sleeper.pid) != "S" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert "sleep" in (kernel_wait(sleeper.pid) or ""), kernel_wait(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert kernel_wait(sleeper.pid) is None

@@ -259,16 +259,24 @@ def test_a_significant_but_tiny_speedup_is_drift_not_a_side_channel(journal: Jou
     )
 
 
-def test_without_a_timing_visible_hit_the_margin_is_five_percent_of_the_controls(journal: Journal) -> None:
-    slight = evaluate(journal, rounds(12, repeat=0.20, guess=0.195, jitter=0.0004))
-    assert slight.verdict is Verdict.PASS, slight
-    assert any("margin is 10.0 ms" in n for n in slight.notes), slight.notes
+def test_fast_guesses_are_noise_when_same_tenant_hits_do_not_show_in_ttft(journal: Journal) -> None:
+    """A clean vLLM CPU pair in CI: its whole prefill takes 18 ms under 0.5 s of noisy overhead, so
+    its same-tenant hits (reported by cached_tokens) do not show in TTFT, and once its guesses came
+    out 260 ms faster than its controls at p = 0.005. A cross-tenant hit cannot save more than a
+    same-tenant one: that gap is noise, and the timing test is not judged."""
+    result = evaluate(journal, rounds(12, victim=0.69, repeat=0.69, guess=0.43, control=0.69, jitter=0.05))
+    assert result.verdict is Verdict.PASS, result
+    assert any("not judged: same-tenant hits were not visible in TTFT" in n for n in result.notes), result.notes
+    assert any("significantly (260.0 ms) faster than controls" in n and "noise" in n for n in result.notes)
 
 
-def test_fast_guesses_fail_when_hits_are_visible_only_in_telemetry(journal: Journal) -> None:
-    result = evaluate(journal, rounds(12, repeat=0.20, guess=0.15, guess_cached=None))
+def test_the_same_fast_guesses_fail_once_same_tenant_hits_show_in_ttft(journal: Journal) -> None:
+    # The same guesses and controls as above, with repeats 0.3 s faster than first sends: the
+    # timing resolves a hit, and the guesses save most of what a hit saves.
+    result = evaluate(journal, rounds(12, victim=0.69, repeat=0.39, guess=0.43, control=0.69, jitter=0.05))
     assert result.verdict is Verdict.FAIL, result
-    assert result.findings[0].evidence["margin_s"] == pytest.approx(0.010)
+    [finding] = result.findings
+    assert finding.summary.startswith("timing side channel") and finding.evidence["margin_s"] == pytest.approx(0.075)
 
 
 def test_same_salt_reuse_can_be_shown_by_timing_alone(journal: Journal) -> None:

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import types
 import warnings
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ import pytest
 from chaos.campaign_validation import load_campaign
 from chaos.errors import TargetError
 from chaos.journal import Journal
+from chaos.process import live_states, process_state
 from chaos.runner import RunOutcome
 from chaos.targets.vllm.dialect import VllmDialect
 from chaos.targets.vllm.spec import VllmSpec
@@ -81,13 +83,19 @@ def expiry(pair: VllmStack, run: RunOutcome, tmp_path_factory: pytest.TempPathFa
     here under load, on a machine where it takes a second or two): that says nothing of vLLM or of
     the suite. The second run gets a fresh pair, on ports and logs of its own: the module's pair
     may not have come back (its heal waited on the lingering worker), and its logs hold the first
-    run's lines."""
+    run's lines. The module's pair is stopped first and the lingering worker waited for: in CI a
+    fresh pair started beside both did not answer within its 240 s start-up limit on 2 cores."""
     first = _run_on(pair, EXPIRY_CAMPAIGN, tmp_path_factory.mktemp("vllm-expiry"))
     kill = _kill_window(Journal.open(first.run_dir))
     if kill.confirmed or "still:" not in kill.confirm_evidence:
         yield ExpiryRun(first, pair)
         return
     warnings.warn(f"the kill window lingered ({kill.confirm_evidence}); running the campaign once more", stacklevel=1)
+    pair.down()  # no test after this one uses the module's pair; the module's teardown stops it again, harmlessly
+    lingering = [int(pid) for pid in re.findall(r"pid (\d+)", kill.confirm_evidence)]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and live_states({pid: process_state(pid) or "X" for pid in lingering}):
+        time.sleep(1)
     with running(VllmStack(pair.spec, tmp_path_factory.mktemp("vllm-pair-again"))) as fresh:
         yield ExpiryRun(_run_on(fresh, EXPIRY_CAMPAIGN, tmp_path_factory.mktemp("vllm-expiry-again")), fresh)
 

@@ -55,8 +55,8 @@ def register(commands: Subcommands) -> None:
         metavar="N",
         help=(
             "run N seeded random schedules drawn from the campaign's fault windows, stop at the first FAIL and "
-            f"shrink it to a minimal OUT/reproduce.yaml (exit {ExitCode.FAIL} when one failed, {ExitCode.PASS} when "
-            "all passed)"
+            f"shrink it to a minimal OUT/reproduce.yaml (exit {ExitCode.FAIL} when one failed, {ExitCode.INCONCLUSIVE} "
+            f"when none failed but one was inconclusive, {ExitCode.PASS} when all passed)"
         ),
     )
     add_access_arguments(run)

@@ -1,4 +1,8 @@
-"""Every oracle by name, and the default set a run evaluates (docs/architecture.md, "Oracles").
+"""Every oracle by name (docs/architecture.md, "Oracles").
+
+A run evaluates the oracles its campaign's `oracles.enabled` names. That field's default, in the
+campaign schema beneath this module (`chaos/campaign.py`), must name every oracle here, else a
+campaign that leaves it out never runs a new one: tests/test_oracles.py holds the two equal.
 
 The pool preflight (pool >= context on every node) runs before the load (`chaos/preflight.py`)
 and is not an oracle over the journal, so it is not listed here.
@@ -28,11 +32,6 @@ ALL_ORACLES: dict[str, type[Oracle]] = {
         TenantIsolationOracle,
     )
 }
-
-
-def default_oracles() -> list[Oracle]:
-    """One instance of every oracle, in report order (leaks first)."""
-    return [cls() for cls in ALL_ORACLES.values()]
 
 
 def oracles_named(names: list[str]) -> list[Oracle]:

@@ -19,16 +19,20 @@ Rules, over the usable records (status 200, outcome ok, a first token seen; TTFT
     exp(-2 z^2), z = sqrt(nm/(n+m)) D+). p < alpha (0.01) with the guesses' median below the
     controls' by a practical margin is FAIL: another tenant's prompt is observable from the outside.
     The margin is a quarter of what a hit saves, measured by the positive control (victim first
-    sends minus victim repeats, medians); without a timing-visible hit, 5 % of the controls' median.
-    Significance alone is not enough: with 12 rounds a systematic 0.3 ms drift between guesses and
-    controls on a clean engine reached p = 0.005, while a real cross-tenant hit saves tens of ms.
+    sends minus victim repeats, medians). Significance alone is not enough: with 12 rounds a
+    systematic 0.3 ms drift between guesses and controls on a clean engine reached p = 0.005, while
+    a real cross-tenant hit saves tens of ms. Nor is timing judged when same-tenant hits are not
+    visible in TTFT: a cross-tenant hit cannot save more than a same-tenant one, so a gap there is
+    noise. (A clean vLLM CPU pair, whose whole prefill takes 18 ms under 0.5 s of noisy two-hop
+    overhead, once showed guesses 260 ms faster at p = 0.005.)
 (a) Positive control (vLLM PR #53347's point: "different salt => no reuse" passes trivially when
     caching is off). Same-salt reuse is shown when at least half of the victim repeats that
     report `cached_tokens` report a hit, or when the repeats are significantly faster than the
     first sends (the same one-sided KS test). Otherwise INCONCLUSIVE: "prefix caching seems off:
     isolation cannot be shown".
 
-Evidence of a leak wins: (b) and (c) FAIL even when (a) could not be shown. Without a FAIL:
+Evidence of a leak wins: (b) FAILs even when (a) could not be shown; (c) needs (a) shown by
+timing, as above. Without a FAIL:
 no tenant records is INCONCLUSIVE ("tenant probe not run"); (a) not shown is INCONCLUSIVE; so is
 a timing test that could not reach significance even at D+ = 1 (too few usable guesses or
 controls). Otherwise PASS, with the KS statistics in the notes. When the positive control rests on
@@ -63,7 +67,6 @@ ROLES = (VICTIM, VICTIM_REPEAT, ATTACKER_GUESS, ATTACKER_CONTROL)
 DEFAULT_ALPHA = 0.01
 HIT_SAVING_FRACTION = 0.25  # a side channel must show at least this share of a same-tenant hit's saving
 OWN_OPENING_MAX_TOKENS = 16  # the most a control may share with the attacker's own earlier prompts
-FALLBACK_MARGIN = 0.05  # ... or, with no timing-visible hit to measure, this share of the controls' median
 
 
 # ------------------------------------------------------------------- two-sample KS test ----
@@ -196,14 +199,6 @@ def _median_gap(faster: list[float], slower: list[float]) -> float:
     return statistics.median(slower) - statistics.median(faster) if faster and slower else 0.0
 
 
-def _side_channel_margin(times: dict[str, list[float]], hit_visible: bool) -> float:
-    """How much faster than controls guesses must be to count as a hit (seconds)."""
-    if hit_visible:
-        return HIT_SAVING_FRACTION * _median_gap(times[VICTIM_REPEAT], times[VICTIM])
-    controls = times[ATTACKER_CONTROL]
-    return FALLBACK_MARGIN * statistics.median(controls) if controls else 0.0
-
-
 class TenantIsolationOracle:
     name = "tenant_isolation"
 
@@ -282,16 +277,25 @@ class TenantIsolationOracle:
             )
 
         # (c) the timing side channel: guesses against never-sent controls.
+        # Judged only when same-tenant hits show in TTFT: what they save bounds what a cross-tenant
+        # hit can save, and sets the margin.
         side = _faster(times[ATTACKER_GUESS], times[ATTACKER_CONTROL], self.alpha)
         same = _faster(times[VICTIM_REPEAT], times[VICTIM], self.alpha)
-        margin = _side_channel_margin(times, same.significant)
+        margin = HIT_SAVING_FRACTION * _median_gap(times[VICTIM_REPEAT], times[VICTIM])
         gap = _median_gap(times[ATTACKER_GUESS], times[ATTACKER_CONTROL])
         if side.ks is not None:
             notes.append(
                 f"attacker guesses vs controls: {side.ks.describe()}, median gap {gap * 1000:.1f} ms; FAIL when "
                 f"the one-sided p < {self.alpha:g} and the guesses are faster by at least {margin * 1000:.1f} ms"
+                + ("" if same.significant else " (not judged: same-tenant hits were not visible in TTFT)")
             )
-        if side.significant and gap < margin:
+        if side.significant and not same.significant:
+            notes.append(
+                f"guesses were significantly ({gap * 1000:.1f} ms) faster than controls, but same-tenant hits "
+                f"were not visible in TTFT: a cross-tenant hit cannot save more than a same-tenant one, so this "
+                f"is noise, not a cache hit"
+            )
+        elif side.significant and gap < margin:
             notes.append(
                 f"guesses were significantly but only {gap * 1000:.1f} ms faster than controls (the margin is "
                 f"{margin * 1000:.1f} ms): drift, not a cache hit"
