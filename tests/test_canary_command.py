@@ -218,7 +218,7 @@ def test_a_4xx_that_carries_another_requests_marker_is_a_fail(capsys: pytest.Cap
         code, report = run_json(["--url", target.url], capsys)
     assert code == 1
     probes = report["probes"]
-    assert all(p["verdict"] == "FAIL" and p["rejected_status"] == 400 and p["leaks"] for p in probes)
+    assert probes and all(p["verdict"] == "FAIL" and p["rejected_status"] == 400 and p["leaks"] for p in probes)
     assert all(p["reason"].startswith("LEAK") for p in probes)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from chaos.journal import Journal, JournalError
-from chaos.process import group_members, pid_alive, process_state
+from chaos.process import group_members, pid_alive
 from chaos.targets.sim.stack import SimStack
 from chaos.targets.state import stop_from_state
 from tests.conftest import wait_until
@@ -65,7 +65,6 @@ def test_heal_after_the_driver_was_killed_mid_fault(
     assert "stopped" in healed.stdout
     for pgid in groups:
         wait_until(lambda pgid=pgid: not group_members(pgid), timeout_s=15, what=f"group {pgid} to be gone")
-        assert all(process_state(pid) != "T" for pid in group_members(pgid))
 
     again = subprocess.run(
         [sys.executable, "-m", "chaos.cli", "heal", str(run_dir)], capture_output=True, text=True, timeout=60

@@ -157,9 +157,10 @@ def test_the_incident_campaign_fails_on_0519_and_passes_on_0523(tmp_path: Path) 
     """`campaigns/sglang-cpu-incident.yaml` (behind smg) on the release before the admission fixes
     and on the current one, and `pdchaos compare` between them: the incident's silent 200 is gone,
     and 0.5.23 PASSes (the campaign turns off the pool preflight, which would FAIL the
-    configuration itself on both releases). What remains is a new error class:
-    a *streamed* prompt over prefill's limit is answered 200 and aborted when decode's KV wait runs
-    out, since smg forwards decode's stream before prefill's 400 arrives (docs/sglang-cpu-tier.md)."""
+    configuration itself on both releases). The only regression allowed is a new error class, seen
+    in some runs and not others: a *streamed* prompt over prefill's limit answered 200 and aborted
+    when decode's KV wait runs out, since smg forwards decode's stream before prefill's 400 arrives
+    (docs/sglang-cpu-tier.md). When such aborts are there, each must be exactly that."""
     current = REPO / ".venv-sglang"
     if not (VENV / ".installed").exists() or not (current / ".installed").exists():
         pytest.skip("needs both `make sglang-env` and `make sglang-env SGLANG_VERSION=0.5.19`")
@@ -197,6 +198,7 @@ def test_the_incident_campaign_fails_on_0519_and_passes_on_0523(tmp_path: Path) 
     assert any(i.startswith("failure gone: status over_length_accepted") for i in comparison.improvements), (
         comparison.improvements
     )
+    # No regression, or only the abort class below (it depends on when prefill's 400 beats decode's stream).
     assert all(r.startswith("new error class abort:") for r in comparison.regressions), comparison.regressions
     from chaos.journal import Journal
 

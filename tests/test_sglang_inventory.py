@@ -227,6 +227,24 @@ def test_the_pool_check_on_a_real_h200_said_ok_alone_and_named_the_process_besid
     squatter = record["squatter"]
     assert [p["pid"] for p in beside["other_processes"]] == [squatter["pid"]]
     assert any(p["is_child"] and p["used_memory_mib"] >= squatter["gib"] * 1024 for p in squatter["seen"])
+    # And compare_pool, given what NVML listed there, judges now as it judged then.
+    gpu = record["inventory"]["gpus"][0]
+    for case in (record["alone"], record["beside_squatter"]):
+        check, engine = case["check"], case["engine"]
+        others = tuple(GpuProcess(**p) for p in check["other_processes"])
+        listed = (*others, GpuProcess(engine["pid"], None))
+        assert sorted(p.pid for p in listed) == sorted(case["nvml_pids"])
+        gpus = [Gpu(gpu["index"], gpu["name"], gpu["uuid"], gpu["memory_total_mib"], gpu["memory_used_mib"], listed)]
+        again = compare_pool(
+            check["role"],
+            gpus,
+            check["mem_fraction_static"],
+            check["weights_gib"],
+            engine["kv_bytes"] / 2**30,
+            None,
+            own_pids={engine["pid"]},
+        )
+        assert json.loads(json.dumps(again.to_json())) == check
 
 
 def test_an_nvml_error_mid_inventory_is_reported_and_nvml_shut_down(install_nvml) -> None:  # type: ignore[no-untyped-def]

@@ -98,7 +98,7 @@ def test_up_serves_through_the_router_and_records_its_state(stack: SGLangStack) 
     assert [c["name"] for c in state["commands"]] == ["prefill", "decode", "router"]
     # each server in its own session, with its own GPU and the shortened timeouts in its environment
     pids = {role: stack.processes(role)[0].pid for role in ("prefill", "decode", "router")}
-    assert all(psutil.Process(pid).as_dict(["pid"])["pid"] == pid for pid in pids.values())
+    assert all(psutil.pid_exists(pid) for pid in pids.values())
     import os
 
     assert len({os.getsid(pid) for pid in pids.values()}) == 3 and all(os.getsid(p) == p for p in pids.values())

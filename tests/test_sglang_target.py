@@ -1,12 +1,13 @@
 """The SGLang launch target without a GPU: its campaign section, the exact commands, and the readers.
 
-Flag names are checked against SGLang's `server_args.py` (SGLang cannot run here) and against the real
-`sglang_router.launch_router --help` (the router is installed). Fixtures under
+Flag names are checked against the real `sglang.launch_server --help` of `make sglang-env`'s SGLang
+(CPU build) and the real `sglang_router.launch_router --help`. Fixtures under
 tests/fixtures/sglang/ are written from SGLang's formats (`http_server.py`, `scheduler.py`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -22,11 +23,12 @@ from pydantic import ValidationError
 
 from chaos.campaign_validation import load_campaign, parse_campaign
 from chaos.errors import TargetError, UsageError
-from chaos.facts.endpoints import parse_models, parse_server_info
+from chaos.facts.endpoints import loads_ranks, parse_models, parse_server_info
 from chaos.facts.log_starts import parse_log
 from chaos.facts.pool_metrics import read_pool_metrics
 from chaos.facts.prometheus import parse_prometheus_text
 from chaos.oracles.integrity import CORRUPTION_SIGNALS, TRANSFER_SIGNALS
+from chaos.pools import idle
 from chaos.targets.dialect import SGLANG
 from chaos.targets.launcher import PlannedCommand
 from chaos.targets.sglang.commands import server_command, server_env
@@ -39,8 +41,8 @@ from tests.fixtures.sglang.fake_launch_server import SWITCHES, VALUED
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 
-# Every launch_server flag pdchaos may emit, as SGLang's `server_args.py` names it: the flags the
-# stand-in launch_server takes, switches and valued ones.
+# Every launch_server flag pdchaos may emit: the flags the stand-in launch_server takes, switches and
+# valued ones (test_server_flags_exist_in_the_installed_sglang holds them to the real SGLang's).
 SGLANG_SERVER_FLAGS = SWITCHES | VALUED
 
 
@@ -330,6 +332,26 @@ def test_router_flags_exist_in_the_installed_router(tmp_path: Path, front: str) 
         argv = SGLangStack(full_spec(router={**router, "front": front}), tmp_path, FakeLauncher()).plan()[2].argv  # type: ignore[arg-type]
         emitted = {a for a in argv if a.startswith("--")}
         assert emitted <= known, f"not flags of the installed router: {sorted(emitted - known)}"
+
+
+@pytest.mark.timeout(180)
+def test_server_flags_exist_in_the_installed_sglang(tmp_path: Path) -> None:
+    """Every launch_server flag the plan emits, and every flag the stand-in launch_server accepts,
+    is one the real SGLang of `make sglang-env` knows (its `--help`)."""
+    python = ROOT / ".venv-sglang" / "bin" / "python"
+    if not (ROOT / ".venv-sglang" / ".installed").exists():
+        pytest.skip("SGLang is not installed here: run `make sglang-env` (CI does)")
+    help_text = subprocess.run(
+        [str(python), "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, timeout=150, check=False
+    ).stdout
+    assert "--disaggregation-mode" in help_text, help_text[:2000]
+    known = set(re.findall(r"--[a-z][a-z0-9-]+", help_text))
+    prefill, decode, _router = SGLangStack(full_spec(), tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
+    emitted = {a for a in (*prefill.argv, *decode.argv) if a.startswith("--")}
+    assert emitted <= known, f"not flags of the installed SGLang: {sorted(emitted - known)}"
+    assert known >= SGLANG_SERVER_FLAGS, (
+        f"the stand-in accepts flags SGLang lacks: {sorted(SGLANG_SERVER_FLAGS - known)}"
+    )
 
 
 # ----------------------------------------------------------------------------- validation ----
@@ -851,14 +873,19 @@ def test_real_0_5_23_startup_logs_server_info_and_metrics_read_as_the_suite_expe
     assert parse_models(json.loads((REAL / "models.json").read_text())).max_model_len == 2048
 
 
-def test_real_0_5_23_loads_nest_counters_per_dp_rank() -> None:
+def test_real_0_5_23_loads_nest_counters_per_dp_rank_and_the_drain_reads_them() -> None:
     for role in ("prefill", "decode"):
         loads = json.loads((REAL / f"loads_{role}_idle.json").read_text())
         assert set(loads) >= {"version", "loads"} and "num_running_reqs" not in loads  # not at the top level
-        (rank,) = loads["loads"]
+        (rank,) = loads_ranks(loads)
+        assert rank is loads["loads"][0]
         assert rank["dp_rank"] == 0 and rank["disaggregation"]["mode"] == role
         assert rank["num_used_tokens"] == 0 and rank["max_total_num_tokens"] == 8192
         assert "quarantined_tokens" not in rank  # held-back pages are a request gauge in /metrics only
+        assert idle(loads)
+        busy = copy.deepcopy(loads)
+        busy["loads"][0]["num_used_tokens"] = 16  # pages still held: what the drain must wait out
+        assert not idle(busy)
 
 
 def test_real_0_5_23_fault_lines_and_counters_match_the_dialect() -> None:
