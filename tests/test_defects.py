@@ -118,8 +118,8 @@ def test_the_default_campaign_fails_each_defect_through_its_oracle(defect_runs: 
         for finding in leaks:
             victim = finding.get("victim_request_id")
             if victim is None:
-                # No victim named: then the marker's request really is in no record (a ghost
-                # from stale memory), not one the attribution missed.
+                # No victim named: then the marker's request really is in no record (its own
+                # marker garbled, or a fragment too short to name one), not one attribution missed.
                 (hit,) = codec.scan(finding["evidence"]["marker"])
                 assert hit.request_index not in journaled, finding["summary"]
                 continue
