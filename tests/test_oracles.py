@@ -956,7 +956,7 @@ def test_registry_lists_every_oracle_by_its_name_and_each_runs_on_an_empty_journ
     assert ALL_ORACLES["canary"] is CanaryLeakOracle
     # A campaign that leaves oracles.enabled out runs every oracle, a new one included.
     assert OracleSpec().enabled == list(ALL_ORACLES)
-    oracles = [cls() for cls in ALL_ORACLES.values()]
+    oracles = oracles_named(list(ALL_ORACLES))
     assert [o.name for o in oracles] == list(ALL_ORACLES)
     for oracle in oracles:
         result = oracle.evaluate(context(journal))
