@@ -38,6 +38,11 @@ remembered only what it met earlier in itself. At 10 markers in flight the corpu
 distinct whole markers, so nearly every hit is a repeat; at 1,000,000 nearly none is
 (`distinct_hits`).
 
+Own skipped (per response only): the scan as the leak oracle calls it, with each response's own
+two markers passed (`MarkerCodec.scan(text, own)`), so a reply that echoes its prompt's markers
+costs one lookup per echo, however many markers are in flight. Timed in the same repetitions,
+and checked to find the same hits as the plain scan less those markers.
+
     .venv/bin/python benchmarks/marker_scan.py                  # about 13 s on 2 cores
     .venv/bin/python benchmarks/marker_scan.py --mb 4 --reps 5 --counts 10,10000,1000000 --json out.json
     .venv/bin/python benchmarks/marker_scan.py --short --json out.json   # a second or two: the tests' run
@@ -161,6 +166,7 @@ class Corpus:
     fragments: int = 0
     foreign: int = 0
     embedded: set[str] = field(default_factory=set)  # the distinct whole markers of this run in it
+    owners: list[tuple[str, str]] = field(default_factory=list)  # each response's own markers, as a record has them
     bytes: int = 0
     joined: str = ""
 
@@ -183,6 +189,7 @@ def build_corpus(
         length = int(min(6000, max(200, rng.lognormvariate(7.0, 0.7))))  # median ~1.1 KB
         body = _prose(rng, length)
         owner = pick.randrange(requests)
+        corpus.owners.append((codec.marker(owner, 0), codec.marker(owner, 1)))
         if not markers:
             corpus.responses.append(body)
             size += len(body)
@@ -218,6 +225,15 @@ def scan_responses(codec: MarkerCodec, texts: Sequence[str]) -> int:
     scan = codec.scan
     for text in texts:
         hits += len(scan(text))
+    return hits
+
+
+def scan_responses_own(codec: MarkerCodec, texts: Sequence[str], owners: Sequence[tuple[str, str]]) -> int:
+    """As the leak oracle calls it: each response's own markers passed, and left out."""
+    hits = 0
+    scan = codec.scan
+    for text, own in zip(texts, owners, strict=True):
+        hits += len(scan(text, own))
     return hits
 
 
@@ -261,6 +277,15 @@ def check_agreement(codec: MarkerCodec, corpus: Corpus, sample: Sequence[str]) -
     return agree, found
 
 
+def own_agrees(codec: MarkerCodec, corpus: Corpus) -> bool:
+    """The scan with a response's own markers passed finds the same hits, less those markers."""
+    for text, own in zip(corpus.responses, corpus.owners, strict=True):
+        every = codec.scan(text)
+        if codec.scan(text, own) != [h for h in every if not (h.kind is HitKind.WHOLE and h.text in own)]:
+            return False
+    return True
+
+
 @dataclass
 class Row:
     unit: str
@@ -268,9 +293,11 @@ class Row:
     sample: int
     scan_s: list[float] = field(default_factory=list)
     clean_s: list[float] = field(default_factory=list)  # the marker-free corpus, in the same repetitions
+    own_s: list[float] = field(default_factory=list)  # the scan with each response's own markers passed
     clean_mb: float = 0.0
     naive_s: list[float] = field(default_factory=list)  # extrapolated to all markers in flight
     scan_hits: int = 0
+    own_hits: int = 0
     distinct_hits: int = 0  # distinct hit texts: what a codec can remember within one pass
     agree: bool = True
     sample_found: int = 0
@@ -291,6 +318,10 @@ class Row:
             "clean_mb_s": clean_mb_s,
             "clean_mb_s_range": [self.clean_mb / max(self.clean_s), self.clean_mb / min(self.clean_s)],
             "scan_over_clean": mb / scan / clean_mb_s,
+            "scan_own_mb_s": mb / statistics.median(self.own_s) if self.own_s else None,
+            "scan_own_over_clean": mb / statistics.median(self.own_s) / clean_mb_s if self.own_s else None,
+            "scan_own_over_naive": naive / statistics.median(self.own_s) if self.own_s else None,
+            "scan_own_hits": self.own_hits if self.own_s else None,
             "per_hit_us": (scan - mb / clean_mb_s) / max(self.scan_hits, 1) * 1e6,
             "scan_mb_s_range": [mb / max(self.scan_s), mb / min(self.scan_s)],
             "naive_mb_s_range": [mb / max(self.naive_s), mb / min(self.naive_s)],
@@ -329,14 +360,19 @@ def measure(
     if unit == "response":  # the timing sample plus markers known to be in the text, so hits are compared too
         known = sorted(corpus.embedded)[:50]
         row.agree, row.sample_found = check_agreement(codec, corpus, sorted(set(sample) | set(known)))
+        row.agree &= own_agrees(codec, corpus)
     scale = in_flight / len(sample)
-    methods = ("scan", "clean", "naive")
+    methods = ("scan", "clean", "naive") + (("own",) if unit == "response" else ())
     for rep in range(reps):
-        for method in methods[rep % 3 :] + methods[: rep % 3]:  # each goes first in turn
+        turn = rep % len(methods)
+        for method in methods[turn:] + methods[:turn]:  # each goes first in turn
             fresh = MarkerCodec(codec.run_prefix)  # remembers nothing from earlier passes
             if method == "scan":
                 seconds, row.scan_hits = timed(functools.partial(scan_responses, fresh, texts))
                 row.scan_s.append(seconds)
+            elif method == "own":
+                seconds, row.own_hits = timed(functools.partial(scan_responses_own, fresh, texts, corpus.owners))
+                row.own_s.append(seconds)
             elif method == "clean":
                 row.clean_s.append(timed(functools.partial(scan_responses, fresh, clean_texts))[0])
             else:
@@ -397,13 +433,21 @@ def markdown(report: dict[str, Any]) -> str:
             f"- {report['reps']} repetitions, medians; in each, the scan, the marker-free pass and the naive search "
             "take turns going first; every scan pass gets a new codec (nothing remembered from earlier passes)"
         ),
-        "- methods agree: on the timed markers plus 50 markers known to be in the corpus, both find the same whole markers in every response",
+        (
+            "- methods agree: on the timed markers plus 50 markers known to be in the corpus, both find the same whole "
+            "markers in every response; and the scan with each response's own markers passed finds the same hits less those"
+        ),
+        (
+            "- own skipped: the scan as the leak oracle calls it, each response's own two markers passed "
+            "(`MarkerCodec.scan(text, own)`), timed in the same repetitions"
+        ),
         "",
         (
             "| markers in flight | unit | scan MB/s | marker-free MB/s | scan / marker-free speed | µs per hit | "
-            "naive MB/s | scan / naive speed | naive markers timed | scan hits (distinct) | methods agree |"
+            "own skipped MB/s | own skipped / marker-free | "
+            "naive MB/s | scan / naive speed | own skipped / naive | naive markers timed | scan hits (distinct) | methods agree |"
         ),
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in report["rows"]:
         timed_note = f"{r['naive_markers_timed']:,}" + (" (extrapolated)" if r["extrapolated"] else " (all)")
@@ -412,10 +456,13 @@ def markdown(report: dict[str, Any]) -> str:
             if r["unit"] == "response"
             else "–"
         )
+        own = f"{fmt(r['scan_own_mb_s'])} | {r['scan_own_over_clean']:.2f}×" if r.get("scan_own_mb_s") else "– | –"
+        own_naive = f"{fmt(r['scan_own_over_naive'])}×" if r.get("scan_own_over_naive") else "–"
         lines.append(
             f"| {r['markers_in_flight']:,} | {r['unit']} | {fmt(r['scan_mb_s'])} | {fmt(r['clean_mb_s'])} | "
             f"{r['scan_over_clean']:.2f}× | "
-            f"{r['per_hit_us']:.2f} | {fmt(r['naive_mb_s'])} | {fmt(r['scan_over_naive'])}× | {timed_note} | "
+            f"{r['per_hit_us']:.2f} | {own} | {fmt(r['naive_mb_s'])} | {fmt(r['scan_over_naive'])}× | {own_naive} | "
+            f"{timed_note} | "
             f"{r['scan_hits']:,} ({r['distinct_hits']:,}) | {agree} |"
         )
     return "\n".join(lines)

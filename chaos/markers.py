@@ -29,6 +29,8 @@ import enum
 import hashlib
 import re
 import secrets
+from bisect import bisect_left
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple
@@ -41,6 +43,7 @@ RUN_WIDTH = 4
 ID_WIDTH = 6  # 32**6 ~ 1.07e9 requests: a 1000 req/s soak runs for 12 days
 SLOT_WIDTH = 1
 CHECK_WIDTH = 3  # 1 in 32768 random bodies pass the check
+GARBLED_MAX_CHARS = 2  # a miscopy of a request's own marker changes at most this many characters
 
 _ID_END = RUN_WIDTH + ID_WIDTH
 _SLOT_END = _ID_END + SLOT_WIDTH
@@ -236,25 +239,35 @@ class MarkerCodec:
             slot=_decode_int(body[_ID_END:_SLOT_END]),
         )
 
-    def scan(self, text: str) -> list[MarkerHit]:
-        """Every marker and fragment in `text`, by offset: two linear passes, one per pattern."""
-        heads = self._scan_heads(text)
-        tails = self._scan_tails(text, heads)
+    def scan(self, text: str, own: Collection[str] = ()) -> list[MarkerHit]:
+        """Every marker and fragment in `text`, by offset: two linear passes, one per pattern.
+
+        `own`: whole markers to leave out (the replying request's own, which a reply may echo
+        many times): each costs one lookup instead of a hit. The rest is found exactly as without.
+        """
+        heads, skipped = self._scan_heads(text, own)
+        tails = self._scan_tails(text, heads, skipped)
         # Each list is in offset order already; a hit-free or head-only text needs no sort.
         return sorted(heads + tails, key=_OFFSET) if tails and heads else heads or tails
 
-    def _scan_heads(self, text: str) -> list[MarkerHit]:
+    def _scan_heads(self, text: str, own: Collection[str]) -> tuple[list[MarkerHit], list[tuple[int, int]]]:
+        """The head hits, and the spans of the `own` markers left out."""
         hits: list[MarkerHit] = []
+        skipped: list[tuple[int, int]] = []
         known = self._known_heads
         for match in self._head.finditer(text):
+            matched = match[0]
+            if matched in own:  # a whole marker: the head pattern takes at most one marker's length
+                skipped.append(match.span())
+                continue
             # What a head match reports depends on its characters only, and markers recur (a
             # prompt repeats its own, a reply echoes them): a repeat costs a dict lookup, not a
             # decode and a keyed hash.
-            head = known.get(match[0]) or self._decode_head(match[0])
+            head = known.get(matched) or self._decode_head(matched)
             if head is not None:
                 # tuple.__new__ skips the named tuple's Python-level __new__ (a third of its cost)
                 hits.append(_new_hit(MarkerHit, (head[0], match.start()) + head[1]))
-        return hits
+        return hits, skipped
 
     def _decode_head(self, matched: str) -> tuple[str, _HitFields] | None:
         """The text and fields of the hit a head match reports (None: none), remembered."""
@@ -271,25 +284,29 @@ class MarkerCodec:
         head = self._known_heads[matched] = (text, self._fields(body, kind))
         return head
 
-    def _scan_tails(self, text: str, heads: list[MarkerHit]) -> list[MarkerHit]:
-        """Bodies that lost their sentinel; a match inside a head hit is that head's own body."""
+    def _scan_tails(self, text: str, heads: list[MarkerHit], skipped: list[tuple[int, int]]) -> list[MarkerHit]:
+        """Bodies that lost their sentinel; a match inside a head hit (or a `skipped` own marker)
+        is that head's own body."""
         hits: list[MarkerHit] = []
         search = self._tail.search
-        pos, next_head, head_count = 0, 0, len(heads)
-        while (match := search(text, pos)) is not None:
+        if (match := search(text)) is None:
+            return hits  # the usual case: no tail match at all
+        spans = sorted([(h.offset, h.end) for h in heads] + skipped) if skipped else [(h.offset, h.end) for h in heads]
+        next_head, head_count = 0, len(spans)
+        while match is not None:
             start = match.start()
-            while next_head < head_count and heads[next_head].end <= start:
+            while next_head < head_count and spans[next_head][1] <= start:
                 next_head += 1
-            if next_head < head_count and heads[next_head].offset <= start:
-                pos = heads[next_head].end  # a cut head may end before this match does
+            if next_head < head_count and spans[next_head][0] <= start:
+                match = search(text, spans[next_head][1])  # a cut head may end before this match does
                 continue
             body = match[0]
             cut = self._cut_point(body)
             if cut > 0:
                 body = body[:cut]
-            pos = start + len(body)
             if len(body) >= _ID_END:
                 hits.append(_new_hit(MarkerHit, (body, start) + self._fields(body, _FRAGMENT)))
+            match = search(text, start + len(body))
         return hits
 
     def _cut_point(self, body: str) -> int:
@@ -322,14 +339,41 @@ class MarkerCodec:
             verified = size == BODY_WIDTH and value & _CHECK_MASK == _check_value(raw[:_SLOT_END])
         return kind, body, run, index, slot, verified, run is not None and run != self.run_prefix
 
-    def scan_others(self, text: str, owner_index: int) -> list[MarkerHit]:
+    def garbled_own(self, hit: MarkerHit, owner_index: int, indices: Sequence[int]) -> str | None:
+        """The owner's marker that `hit` is a miscopy of, or None when it may be another's.
+
+        A model that repeats its prompt can miscopy a character of its own marker: a whole hit that
+        fails its check and names some other id. It is the owner's own when (1) it differs from the
+        owner's marker of the same slot in at most GARBLED_MAX_CHARS characters, and (2) no request
+        of the run (`indices`, sorted) has an id that starts like the hit's, up to and including
+        its first differing character. A page swapped in mid-marker (another request's start, the
+        owner's end) needs such a request; without one, no request of this run wrote that start.
+        """
+        if hit.kind is not _WHOLE or hit.verified or hit.run_prefix != self.run_prefix or hit.slot is None:
+            return None
+        own = self.marker(owner_index, hit.slot)
+        differ = [i for i, (seen, meant) in enumerate(zip(hit.text, own, strict=True)) if seen != meant]
+        if not 0 < len(differ) <= GARBLED_MAX_CHARS:
+            return None
+        id_start = len(SENTINEL) + RUN_WIDTH
+        if differ[0] < id_start + ID_WIDTH:  # (else the id is the owner's: never a leak)
+            shared = hit.text[id_start : differ[0] + 1]  # the id up to the first difference
+            span = len(ALPHABET) ** (ID_WIDTH - len(shared))
+            low = _decode_int(shared) * span
+            at = bisect_left(indices, low)
+            if at < len(indices) and indices[at] < low + span:
+                return None  # a request of this run could have written the differing start
+        return own
+
+    def scan_others(self, text: str, owner_index: int, own: Collection[str] = ()) -> list[MarkerHit]:
         """Hits of this run that cannot be `owner_index`'s own: the leak primitive.
 
         Includes fragments whose visible id already differs from the owner's, even when too short
         to name the victim; excludes foreign runs and fragments that may be the owner's own.
+        `own`: the owner's whole markers, where known (a shortcut: `scan`).
         """
         return [
             hit
-            for hit in self.scan(text)
+            for hit in self.scan(text, own)
             if hit.run_prefix == self.run_prefix and not hit.could_be_owned_by(self.run_prefix, owner_index)
         ]

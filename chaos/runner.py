@@ -405,7 +405,9 @@ class Runner:
         assert self.watchdog is not None
         for record in records:
             self.watchdog.note(record)
-            if record.response_text and self.codec.scan_others(record.response_text, record.request_index):
+            if record.response_text and self.codec.scan_others(
+                record.response_text, record.request_index, record.markers
+            ):
                 self.leaks_so_far += 1
 
     def _live_status(self) -> str:

@@ -3,6 +3,11 @@
 That is evidence (the liveness oracle judges the `probe/wedged` snapshot), and waiting out every
 timeout after it would only delay the verdict: once wedged, the run sends no further load, faults
 or probes. Fault windows and lulls are not counted: answers may stop there on purpose.
+
+Progress is a request that finished having generated something, or the decode side's KV in use
+moving between two samples of `/v1/loads` (every role's, where none is called decode): long
+generations on a GPU may finish no request for longer than `wedged_after_s`, yet each step grows
+their KV. A wedged pool holds still.
 """
 
 from __future__ import annotations
@@ -12,8 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from chaos.facts.endpoints import loads_ranks
 from chaos.journal import EventKind, Journal, JournalEvent, RequestRecord
 from chaos.pools import queued
+
+GENERATING_ROLE = "decode"
 
 
 class ProgressWatchdog:
@@ -24,6 +32,7 @@ class ProgressWatchdog:
         self.last_answer = time.time()
         self.quiet_since_window = time.time()
         self.wedged = threading.Event()
+        self._kv_in_use: float | None = None  # the generating roles' num_used_tokens at the last sample
 
     def note(self, record: RequestRecord) -> None:
         """Progress is a request that generated something: a front end that still rejects
@@ -37,6 +46,8 @@ class ProgressWatchdog:
 
     def check(self, loads: dict[str, Any], excused: bool) -> None:
         """Given the workers' loads by role; `excused`: in a fault window or a lull."""
+        if self._kv_moved(loads):
+            self.last_answer = max(self.last_answer, time.time())
         after = self.wedged_after_s
         if after <= 0 or excused:
             return
@@ -52,3 +63,13 @@ class ProgressWatchdog:
             f"the target stopped making progress: nothing generated for {quiet:.0f} s with requests queued ({waiting}); "
             "no further load, faults or probes: judging now"
         )
+
+    def _kv_moved(self, loads: dict[str, Any]) -> bool:
+        """Whether the generating roles' tokens in use changed since the last sample (both known)."""
+        roles = [role for role in loads if role == GENERATING_ROLE] or list(loads)
+        counts = [rank.get("num_used_tokens") for role in roles for rank in loads_ranks(loads[role])]
+        numbers = [float(c) for c in counts if isinstance(c, int | float) and not isinstance(c, bool)]
+        in_use = sum(numbers) if numbers and len(numbers) == len(counts) else None
+        moved = in_use is not None and self._kv_in_use is not None and in_use != self._kv_in_use
+        self._kv_in_use = in_use
+        return moved

@@ -335,6 +335,7 @@ def test_scan_equals_a_plain_reference_on_random_texts(min_body: int, monkeypatc
     rng = random.Random(min_body)
     codec = MarkerCodec(RUN, min_fragment_body=min_body)  # one codec for all texts: its memo carries over
     kinds: set[tuple[HitKind, bool, bool]] = set()
+    skipped_own = 0
     for _ in range(1500):
         text = _random_text(rng, codec, OTHER_RUN)
         hits = codec.scan(text)
@@ -343,11 +344,19 @@ def test_scan_equals_a_plain_reference_on_random_texts(min_body: int, monkeypatc
         assert codec.scan_others(text, 7) == [
             h for h in hits if h.run_prefix == RUN and not h.could_be_owned_by(RUN, 7)
         ]
+        # Leaving a request's own whole markers out changes nothing else, fragments of them included.
+        owner = rng.randrange(50)
+        own = [codec.marker(owner, slot) for slot in range(3)]
+        without_own = [h for h in hits if not (h.kind is HitKind.WHOLE and h.text in own)]
+        assert codec.scan(text, own) == without_own, text
+        skipped_own += len(hits) - len(without_own)
+        assert codec.scan_others(text, owner, own) == codec.scan_others(text, owner)
         kinds |= {(h.kind, h.verified, h.foreign_run) for h in hits}
         assert len(codec._known_heads) <= 16
     # the random texts reach every kind of hit: whole (verified or mixed), fragments, other runs
     assert {(HitKind.WHOLE, True, False), (HitKind.WHOLE, False, False), (HitKind.WHOLE, True, True)} <= kinds
     assert {(HitKind.FRAGMENT, True, False), (HitKind.FRAGMENT, False, False)} <= kinds
+    assert skipped_own > 20  # own whole markers were really left out, many times
 
 
 def test_hits_are_immutable_hashable_values(codec: MarkerCodec) -> None:

@@ -42,6 +42,15 @@ def test_the_marker_scan_benchmark_runs_and_records_what_the_doc_quotes(tmp_path
             0 < row["distinct_hits"] <= row["scan_hits"] and 0 < row["naive_markers_timed"] <= row["markers_in_flight"]
         )
         assert row["extrapolated"] == (row["naive_markers_timed"] < row["markers_in_flight"])
+    for row in rows:  # the scan as the leak oracle calls it (own markers passed), per response only
+        if row["unit"] == "response":
+            assert row["scan_own_mb_s"] > 0 and row["scan_own_over_clean"] == pytest.approx(
+                row["scan_own_mb_s"] / row["clean_mb_s"]
+            )
+            assert row["scan_own_over_naive"] == pytest.approx(row["scan_own_mb_s"] / row["naive_mb_s"])
+            assert 0 < row["scan_own_hits"] < row["scan_hits"]  # the echoed own markers are left out
+        else:
+            assert row["scan_own_mb_s"] is None
     # the same texts at every count: the scan finds as many hits; only 10 in flight repeats markers
     assert len({r["scan_hits"] for r in rows}) == 1
     assert rows[0]["distinct_hits"] < rows[-1]["distinct_hits"]

@@ -19,6 +19,7 @@ import pytest
 
 from chaos.campaign import OracleSpec
 from chaos.journal import EventKind, Journal, JournalEvent, Outcome, RequestRecord
+from chaos.markers import MarkerCodec
 from chaos.oracles.base import OracleContext, OracleSettings
 from chaos.oracles.contracts import StatusContractOracle, UsageContractOracle
 from chaos.oracles.integrity import EngineIntegrityOracle, log_time
@@ -217,6 +218,52 @@ def test_reference_tolerance_mode_compares_a_token_prefix_and_a_calibrated_rate(
     assert strict.verdict is Verdict.FAIL and strict.findings[0].request_id == "bad"
 
 
+# ======================================================================================= canary ====
+
+
+def _miscopy(marker: str, at: int, char: str) -> str:
+    assert marker[at] != char
+    return marker[:at] + char + marker[at + 1 :]
+
+
+def test_canary_own_marker_miscopied_is_not_a_leak_unless_a_request_could_have_written_it(journal: Journal) -> None:
+    codec = MarkerCodec("K7QM")
+    own = codec.marker(40, 1)
+    # The first id character miscopied (seen in the embedded engine's K2 runs): no request of the
+    # run has an id starting with "X", so no page of another request can have supplied it.
+    garbled = _miscopy(own, 7, "X")
+    journal.append_requests(
+        [
+            record("r40", 40, markers=[codec.marker(40, 0), own], response_text=f"Sure: {garbled} done"),
+            record("r41", 41, response_text="fine"),
+        ]
+    )
+    result = CanaryLeakOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.PASS, result
+    assert any("miscopied" in note and garbled in note for note in result.notes), result.notes
+
+
+def test_canary_mixed_marker_whose_start_a_journaled_request_wrote_is_a_leak(journal: Journal) -> None:
+    codec = MarkerCodec("K7QM")
+    own, other = codec.marker(40, 1), codec.marker(41, 1)
+    # Request 41's first 13 characters, then request 40's own slot and check: the same single
+    # character away from 40's marker, but this time a request of the run starts like it.
+    mixed = other[:13] + own[13:]
+    assert sum(a != b for a, b in zip(mixed, own, strict=True)) == 1
+    assert codec.garbled_own(codec.scan(mixed)[0], 40, [40, 41]) is None
+    journal.append_requests(
+        [
+            record("r40", 40, markers=[own], response_text=f"Sure: {mixed} done"),
+            record("r41", 41, response_text="fine"),
+        ]
+    )
+    result = CanaryLeakOracle().evaluate(context(journal))
+    assert result.verdict is Verdict.FAIL, result
+    assert result.findings[0].victim_request_id == "r41"
+    # More than two characters off the owner's marker is never taken for a miscopy.
+    assert codec.garbled_own(codec.scan(_miscopy(_miscopy(_miscopy(own, 7, "X"), 8, "Y"), 9, "Z"))[0], 40, [40]) is None
+
+
 # ================================================================================ status contract ====
 
 
@@ -369,8 +416,13 @@ def test_status_edges_5xx_router_loss_in_a_fault_and_unjudged_over_length(journa
     by_id = {f.request_id: f for f in result.findings}
     assert set(by_id) == {"ol-500", "short-length"}
     assert "a short output was reported as reaching the token limit" in by_id["short-length"].summary
+    # No context length known: the short `length` may have filled the window.
+    assert by_id["short-length"].verdict is Verdict.INCONCLUSIVE
     assert any("HTTP 502 while a fault was active" in n for n in result.notes)
     assert any("over_length_missed" in n for n in result.notes)
+    journal.set_meta("limits", {"context_length": 1024})
+    result = StatusContractOracle().evaluate(context(journal))
+    assert [f.verdict for f in result.findings if f.request_id == "short-length"] == [Verdict.FAIL]
 
 
 def test_status_takes_no_404_or_401_for_a_rejection_of_an_over_length_prompt(journal: Journal) -> None:
@@ -452,6 +504,16 @@ def test_usage_edges_text_without_tokens_over_limit_and_missing_usage(journal: J
                 "p1", 4, user_kind="probe", phase="baseline", response_text="same", completion_tokens=3, prompt_tokens=4
             ),
             record("p2", 4, user_kind="probe", response_text="same", completion_tokens=5, prompt_tokens=4),
+            # An aborted replay may count tokens it never delivered: not held to the text's count.
+            record(
+                "p3",
+                4,
+                user_kind="probe",
+                response_text="same",
+                completion_tokens=6,
+                prompt_tokens=4,
+                finish_reason="abort",
+            ),
         ]
     )
     result = UsageContractOracle().evaluate(context(journal))
@@ -566,6 +628,38 @@ def test_timing_does_not_judge_a_repeated_prompt_without_cached_tokens(journal: 
     result = TimingTellOracle().evaluate(context(journal))
     assert [f.request_id for f in result.findings] == ["unique"]
     assert any("may be a cache hit" in n for n in result.notes)
+
+
+def test_timing_counts_a_shared_prefix_as_cacheable_without_cached_tokens(journal: Journal) -> None:
+    """An engine that does not report cached_tokens: a conversation's next turn (the last turn
+    plus a question) may be served mostly from the prefix cache, so its fast answer is no tell;
+    a prompt that shares only its opening with others is judged on the rest, and the first send
+    of a prompt replayed later cannot have hit the cache on itself."""
+    baseline = [
+        record(
+            f"b{n}", n, phase="baseline", prompt_tokens=n, cached_tokens=0, t_send=0.0, t_first_token=0.01 + n * 1e-4
+        )
+        for n in (100, 300, 500, 700, 900, 1100)
+    ]
+    turn = words("turn", 900)
+    fast = {"cached_tokens": None, "t_first_token": 10.001, "t_end": 10.002}
+    journal.append_requests(
+        baseline
+        + [
+            record("turn1", 50, prompt=turn, prompt_tokens=900, t_send=9.0, t_first_token=9.2, cached_tokens=None),
+            record("turn2", 51, prompt=f"{turn} And then? ", prompt_tokens=1000, t_send=10.0, **fast),
+            record("opening", 52, prompt=f"{turn[:40]} {words('new', 900)}", prompt_tokens=1000, t_send=10.0, **fast),
+            record("first", 53, prompt=words("again", 900), prompt_tokens=1000, t_send=10.0, **fast),
+            record("replay", 54, prompt=words("again", 900), prompt_tokens=1000, t_send=11.0, **fast),
+        ]
+    )
+    result = TimingTellOracle().evaluate(context(journal))
+    assert sorted(f.request_id for f in result.findings) == ["first", "opening"], result
+    opening = next(f for f in result.findings if f.request_id == "opening")
+    assert 950 < opening.evidence["uncached_tokens"] < 1000  # its 40 shared characters count as cached
+    assert any("not judged: no cached_tokens and the same prompt was sent before" in n for n in result.notes), (
+        result.notes
+    )
 
 
 # ============================================================================= engine integrity ====
@@ -932,7 +1026,10 @@ def test_status_accepts_a_length_finish_that_filled_the_context(journal: Journal
         ]
     )
     result = StatusContractOracle().evaluate(context(journal))
-    assert len(fails(result)) == 2  # the context unknown: neither can be excused
+    # The context unknown: neither is excused, neither is proven short.
+    assert result.verdict is Verdict.INCONCLUSIVE and not fails(result)
+    assert [f.request_id for f in result.findings] == ["capped", "short"]
+    assert all("the context length is unknown" in f.summary for f in result.findings)
     journal.set_meta("limits", {"context_length": 2048})
     result = StatusContractOracle().evaluate(context(journal))
     assert len(fails(result)) == 1 and "short answered 200 finish 'length' with 5 of 7" in fails(result)[0]
@@ -1101,3 +1198,23 @@ def test_a_target_that_generates_nothing_with_requests_queued_is_wedged_and_live
     assert result.verdict is Verdict.FAIL and wedged, result
     assert "queued (decode 18)" in wedged[0].summary and "decode pool 37000/39312" in wedged[0].summary
     assert isinstance(wedged[0].evidence["t_snapshot"], float)  # when the watchdog saw it: the detection's time
+
+
+def test_long_generations_that_finish_nothing_for_a_minute_are_not_wedged(tmp_path: Path) -> None:
+    """On a GPU, long generations may finish no request for longer than `wedged_after_s` while
+    others queue; each decode step grows their KV, which a wedged pool never does."""
+    from chaos.watchdog import ProgressWatchdog
+
+    with Journal.create(tmp_path / "run") as journal:
+        watchdog = ProgressWatchdog(journal, 5.0, say=print)
+        now = time.time()
+        watchdog.quiet_since_window = now - 60
+        prefill = {"num_running_reqs": 0, "num_waiting_reqs": 18, "num_used_tokens": 9000}
+        streaming = {"prefill": prefill, "decode": {"num_running_reqs": 8, "num_waiting_reqs": 0}}
+        for used in (20000, 20008, 20016):
+            streaming["decode"]["num_used_tokens"] = used
+            watchdog.check(streaming, excused=False)
+            assert not watchdog.wedged.is_set(), used
+            watchdog.last_answer = now - 60  # no request has finished for a minute
+        watchdog.check(streaming, excused=False)  # the decode's KV held still since the last sample
+        assert watchdog.wedged.is_set()

@@ -304,6 +304,31 @@ def test_controls_that_report_hits_make_the_telemetry_untrustworthy(journal: Jou
     assert any("never sent before report cached tokens" in s for s in summaries(result, Verdict.INCONCLUSIVE))
 
 
+def test_an_engine_that_reports_every_prompt_cached_is_inconclusive_not_a_leak(
+    journal: Journal, tmp_path: Path
+) -> None:
+    """vLLM's PD connector reported the whole prompt as cached before vLLM PR #46898 (issues
+    #47136, #44607): guesses and never-sent controls alike. Telemetry that cannot tell them apart
+    is no evidence of a hit; a guess reporting far more than every control still is."""
+    records = rounds(12)
+    for r in records:
+        if r.actor in (ATTACKER_GUESS, ATTACKER_CONTROL):
+            r.cached_tokens = 528
+    result = evaluate(journal, records)
+    assert result.verdict is Verdict.INCONCLUSIVE, result
+    assert not summaries(result, Verdict.FAIL)
+    assert any("never sent before report cached tokens" in s for s in summaries(result, Verdict.INCONCLUSIVE))
+    assert any("a guess counts as a hit only above 544" in n for n in result.notes), result.notes
+
+    for r in records:
+        if r.actor == ATTACKER_CONTROL:
+            r.cached_tokens = 100  # untrusted still, but the guesses report 428 more than any control
+    with Journal.create(tmp_path / "leaky") as leaky:
+        result = evaluate(leaky, records)
+    assert result.verdict is Verdict.FAIL
+    assert any("reused 528 cached token(s)" in s for s in summaries(result, Verdict.FAIL))
+
+
 def test_the_attackers_own_opening_is_discounted_but_not_more(journal: Journal, tmp_path: Path) -> None:
     """SGLang's radix cache (page size 1) serves the run's marker opening, which every tenant
     prompt starts with, from the attacker's own earlier prompts: guesses and controls alike report

@@ -37,12 +37,17 @@ class Leak:
 def find_leaks(
     codec: MarkerCodec, texts: Sequence[str], owner_index: int, names: Mapping[int, str]
 ) -> tuple[Leak, ...]:
-    """Markers and fragments in `texts` that are not `owner_index`'s own (deduplicated)."""
+    """Markers and fragments in `texts` that are not `owner_index`'s own (deduplicated).
+
+    `names` names every request of the run by index (its keys are all the run's requests)."""
     found: dict[tuple[str, str], Leak] = {}
+    indices = sorted(names)
     for text in texts:
         if not text:
             continue
         for hit in codec.scan(text):
+            if codec.garbled_own(hit, owner_index, indices):
+                continue  # its own marker miscopied (MarkerCodec.garbled_own): not another request's
             owner = _foreign_owner(codec, hit, owner_index, names)
             if owner is not None:
                 found.setdefault(

@@ -1,8 +1,9 @@
 """`pdchaos report RUN_DIR` and `pdchaos compare BASE_RUN CANDIDATE_RUN`.
 
 `report` re-renders a run's reports from its journal (a crashed or still-running run too). It
-exits 0 once the files are written, 1 when a renderer failed; with `--exit-code` it exits with the run's own verdict code
-instead (0 PASS, 1 FAIL, 3 INCONCLUSIVE), for CI jobs that only have the run dir.
+exits 0 once the files are written, 1 when a renderer failed; with `--exit-code` it exits with
+the run's own verdict code instead (0 PASS, 1 FAIL, 3 INCONCLUSIVE), for CI jobs that only have
+the run dir.
 
 `compare` exits 1 when the candidate regressed, 3 when it cannot be shown not to have (see
 reports/compare.py for the rules), 0 otherwise. A missing journal is a usage error (2).

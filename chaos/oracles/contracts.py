@@ -24,7 +24,8 @@ Status contract (`status`):
   also means the context window was reached: SGLang caps `max_new_tokens` at `context_len - 2 -
   prompt` (`python/sglang/srt/managers/scheduler.py`), so a reply whose prompt and completion fill
   the context to within `CONTEXT_RESERVE` tokens is consistent (the context length is the run's
-  `limits` meta).
+  `limits` meta). Where the context length is unknown, a short `length` is INCONCLUSIVE, except
+  for an aborting user's request.
 
 Usage contract (`usage`), over 200 responses; a missing count (None) is not checked:
 * counts are non-negative; `cached_tokens <= prompt_tokens`;
@@ -32,7 +33,8 @@ Usage contract (`usage`), over 200 responses; a missing count (None) is not chec
 * `completion_tokens == 0` only with an empty text (non-empty text needs at least one token);
 * the same prompt text on the same endpoint has the same `prompt_tokens` everywhere in the run:
   the baseline's count when there is one, else the most common count;
-* for a probe, the same output text has the same `completion_tokens`.
+* for a probe, the same output text has the same `completion_tokens` (aborted replies aside: their
+  count may include tokens never delivered).
 """
 
 from __future__ import annotations
@@ -231,17 +233,22 @@ class StatusContractOracle:
             and record.prompt_tokens + record.completion_tokens >= context - CONTEXT_RESERVE
         ):
             return True  # the context window was reached before max_tokens
+        aborted = record.user_kind == ABORTING_KIND
         what = (
             "an aborted request was reported as a success"
-            if record.user_kind == ABORTING_KIND
+            if aborted
             else "a short output was reported as reaching the token limit"
         )
+        # Without the context length, a short `length` may be the window reached: unproven
+        # (an aborting user's reply is short of max_tokens because it was aborted, whatever the window).
+        unproven = not context and not aborted
         out.add(
             "length_short",
-            Verdict.FAIL,
+            Verdict.INCONCLUSIVE if unproven else Verdict.FAIL,
             record,
             f"{what}: {record.id} answered 200 finish 'length' with {record.completion_tokens} of "
-            f"{record.max_tokens} token(s)",
+            f"{record.max_tokens} token(s)"
+            + (" (the context length is unknown: it may have filled the window)" if unproven else ""),
             completion_tokens=record.completion_tokens,
             max_tokens=record.max_tokens,
             error_class=record.error_class,
@@ -348,7 +355,13 @@ class UsageContractOracle:
     def _completion_tokens_agree(self, records: Iterable[RequestRecord], out: _Collector) -> set[str]:
         groups: dict[tuple[int, str], list[RequestRecord]] = defaultdict(list)
         for record in records:
-            if record.user_kind == PROBE_KIND and record.response_text and record.completion_tokens is not None:
+            finished = record.finish_reason != "abort"  # an aborted reply's count may include undelivered tokens
+            if (
+                record.user_kind == PROBE_KIND
+                and finished
+                and record.response_text
+                and record.completion_tokens is not None
+            ):
                 groups[(record.request_index, record.response_text)].append(record)
         judged: set[str] = set()
         for (index, _), group in groups.items():

@@ -4,6 +4,11 @@ One linear scan per response finds every marker and fragment (chaos/markers.py).
 owned by another request of this run is attributed to that request, its victim, whatever the
 victim's own outcome (aborted and failed requests are still sources). A verified marker of
 another run means the engine served content left over from before this run: also a leak.
+
+A whole marker that fails its check and differs from the request's own in a character or two,
+where no request of the run has an id that starts like it, is the model miscopying its own marker
+(`MarkerCodec.garbled_own`): not a leak, counted in the notes. Whether the reply is right is the
+reference oracle's question.
 """
 
 from __future__ import annotations
@@ -32,17 +37,28 @@ class CanaryLeakOracle:
         owners: dict[int, list[RequestRecord]] = defaultdict(list)
         for record in ctx.requests:
             owners[record.request_index].append(record)
+        indices = sorted(owners)
         findings: list[Finding] = []
+        garbled: list[str] = []
         scanned = 0
         for record in ctx.requests:
             if not record.response_text:
                 continue
             scanned += 1
-            for hit in codec.scan(record.response_text):
+            for hit in codec.scan(record.response_text, own=record.markers):
+                if own := codec.garbled_own(hit, record.request_index, indices):
+                    garbled.append(f"{record.id} wrote {hit.text} for its own {own}")
+                    continue
                 finding = self._judge(ctx, codec, record, hit, owners)
                 if finding is not None:
                     findings.append(finding)
-        return OracleResult.from_findings(self.name, scanned, findings)
+        notes = []
+        if garbled:
+            notes.append(
+                f"{len(garbled)} own marker(s) miscopied, not leaks (no request of the run has an id that starts "
+                f"like them): {'; '.join(garbled[:3])}{' ...' if len(garbled) > 3 else ''}"
+            )
+        return OracleResult.from_findings(self.name, scanned, findings, notes)
 
     def _judge(
         self,

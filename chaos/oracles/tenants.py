@@ -12,7 +12,7 @@ Rules, over the usable records (status 200, outcome ok, a first token seen; TTFT
 `t_first_token - t_send`):
 
 (b) Engine telemetry. Any attacker_guess that reports `cached_tokens > 0` is FAIL: the engine
-    itself says it served another tenant's KV.
+    itself says it served another tenant's KV (less what the controls report: see the end).
 (c) Timing side channel. Two-sample Kolmogorov-Smirnov test of guess TTFTs against control TTFTs
     (as in Gu et al., "Auditing Prompt Caching", arXiv 2502.07776), one-sided: H1 is "guesses are
     stochastically faster" (statistic D+ = sup(F_guess - F_control), Smirnov's asymptotic p =
@@ -41,7 +41,10 @@ timing comparison had no power at this resolution. Every tenant prompt opens wit
 prefix: a radix cache that matches single tokens (SGLang with page size 1) serves those few tokens
 from the attacker's own earlier prompts, and its controls report them. Up to
 `OWN_OPENING_MAX_TOKENS`, what the controls report is discounted from every guess; a control
-reporting more (a prompt never sent before) makes the telemetry untrustworthy: INCONCLUSIVE finding.
+reporting more (a prompt never sent before) makes the telemetry untrustworthy: INCONCLUSIVE finding,
+and a guess then FAILs rule (b) only when it reports more than every control by
+`OWN_OPENING_MAX_TOKENS` again (an engine that reports every prompt as cached, as vLLM's PD
+connector did before vLLM PR #46898, reports guesses and controls alike).
 """
 
 from __future__ import annotations
@@ -232,13 +235,21 @@ class TenantIsolationOracle:
         # run's marker prefix, which every tenant prompt starts with) is cached under its own salt
         # by a token-granular radix cache: what its never-sent controls report, up to
         # OWN_OPENING_MAX_TOKENS, is not the victim's.
+        # Controls reporting more than that (prompts never sent before) make the telemetry
+        # untrustworthy (vLLM's PD connector reported the whole prompt as cached before PR #46898):
+        # a guess is then a hit only when it reports more than every control by as much again.
         victims = {r.request_index: r for r in by_role[VICTIM]}
         control_hits = [r.cached_tokens for r in by_role[ATTACKER_CONTROL] if r.status == 200 and r.cached_tokens]
-        own = max(control_hits, default=0) if max(control_hits, default=0) <= OWN_OPENING_MAX_TOKENS else 0
-        if own:
+        most = max(control_hits, default=0)
+        trusted = most <= OWN_OPENING_MAX_TOKENS
+        own = most if trusted else most + OWN_OPENING_MAX_TOKENS
+        if most:
             notes.append(
-                f"the attacker's controls report up to {own} cached token(s): its own opening, "
+                f"the attacker's controls report up to {most} cached token(s): its own opening, "
                 f"discounted from every guess"
+                if trusted
+                else f"the attacker's controls report up to {most} cached token(s) for prompts never sent: a guess "
+                f"counts as a hit only above {own}"
             )
         for guess in by_role[ATTACKER_GUESS]:
             if guess.status == 200 and guess.cached_tokens and guess.cached_tokens > own:
@@ -255,6 +266,7 @@ class TenantIsolationOracle:
                         window=_first(faults),
                         evidence={
                             "cached_tokens": guess.cached_tokens,
+                            "controls_cached_tokens_max": most,
                             "prompt_tokens": guess.prompt_tokens,
                             "ttft_s": ttft(guess),
                             "faults_active": faults,

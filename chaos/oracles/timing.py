@@ -25,15 +25,20 @@ with no first-token time is judged by `t_end - t_send`, an upper bound of its TT
 is a fast TTFT. Below the threshold is FAIL, with the numbers.
 
 A 200 that ended early (an abort, a cut connection) with no first token has no TTFT and no
-bound: not judged. A record without `prompt_tokens` borrows the baseline's count for the same probe; a record without
-`cached_tokens` is judged only when its prompt text occurs nowhere else in the run (so it cannot
-have been a prefix-cache hit); others are not judged and counted in the notes.
+bound: not judged. A record without `prompt_tokens` borrows the baseline's count for the same probe.
+
+A record without `cached_tokens` (an engine that does not report it) counts as cached the
+longest prefix its prompt shares with any other prompt of the run, in proportion of characters
+(`shared_prefix_chars`): a shared system prompt or an earlier conversation turn may be served from
+a prefix cache, and judging such a prompt as uncached would call a legitimate hit a tell. A prompt
+sent before, or not journaled (longer than the journal keeps), is not judged; the notes count them.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +78,50 @@ def _first(labels: list[str]) -> str | None:
     return labels[0] if labels else None
 
 
+def shared_prefix_chars(records: Sequence[RequestRecord]) -> dict[str, int]:
+    """For each record with a journaled prompt, by id: how many of its leading characters a prefix
+    cache may already hold from another request of the run. The longest prefix the prompt shares
+    with any other distinct prompt (sorted, that is a neighbour's), or all of it for every send of
+    the same prompt but one sent strictly before all the others."""
+    sends: dict[str, list[RequestRecord]] = {}
+    for record in records:
+        if record.prompt:
+            sends.setdefault(record.prompt, []).append(record)
+    distinct = sorted(sends)
+    longest: dict[str, int] = {}
+    for i, text in enumerate(distinct):
+        neighbours = distinct[max(0, i - 1) : i] + distinct[i + 1 : i + 2]
+        longest[text] = max((_common_prefix_length(text, n) for n in neighbours), default=0)
+    shared = {}
+    for text, group in sends.items():
+        first = _strictly_first(group)
+        for record in group:
+            shared[record.id] = longest[text] if record is first else len(text)
+    return shared
+
+
+def _common_prefix_length(a: str, b: str) -> int:
+    """By bisection on slices: each comparison runs in C, for prompts of thousands of characters."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _strictly_first(group: list[RequestRecord]) -> RequestRecord | None:
+    """The record sent before every other of `group`, or None (a tie, or a send time unknown)."""
+    if len(group) == 1:
+        return group[0]
+    if any(r.t_send is None for r in group):
+        return None
+    ordered = sorted(group, key=lambda r: r.t_send or 0.0)
+    return ordered[0] if ordered[0].t_send != ordered[1].t_send else None
+
+
 def observed_ttft(record: RequestRecord) -> tuple[float | None, bool]:
     """(seconds, exact): the TTFT when a first token was seen, else the total as an upper bound.
 
@@ -107,8 +156,9 @@ class TimingTellOracle:
             for r in records
             if r.user_kind == PROBE_KIND and r.phase == BASELINE_PHASE and r.prompt_tokens is not None
         }
-        prompt_uses = Counter(r.prompt for r in records if r.prompt)
-        model, why = self.calibrate([r for r in records if r.phase == BASELINE_PHASE], baseline_tokens, prompt_uses)
+        untold = any(r.cached_tokens is None and r.status == 200 for r in records)
+        shared = shared_prefix_chars(records) if untold else {}
+        model, why = self.calibrate([r for r in records if r.phase == BASELINE_PHASE], baseline_tokens, shared)
         if model is None:
             return OracleResult(self.name, Verdict.INCONCLUSIVE, 0, [], [f"no calibration: {why}"])
         factor = ctx.settings.timing_tell_factor
@@ -126,7 +176,7 @@ class TimingTellOracle:
         for record in records:
             if record.status != 200:
                 continue
-            uncached, why = self.uncached(record, baseline_tokens, prompt_uses)
+            uncached, why = self.uncached(record, baseline_tokens, shared)
             if uncached is None:
                 skipped[why] += 1
                 continue
@@ -180,7 +230,7 @@ class TimingTellOracle:
         return max(1, math.ceil(need / model.b))
 
     def uncached(
-        self, record: RequestRecord, baseline_tokens: dict[int, int], prompt_uses: Counter[str]
+        self, record: RequestRecord, baseline_tokens: dict[int, int], shared: dict[str, int]
     ) -> tuple[int | None, str]:
         prompt = record.prompt_tokens
         if prompt is None and record.user_kind == PROBE_KIND:
@@ -189,18 +239,21 @@ class TimingTellOracle:
             return None, "no prompt_tokens"
         if record.cached_tokens is not None:
             return max(0, prompt - record.cached_tokens), ""
-        if record.prompt and prompt_uses[record.prompt] == 1:
-            return prompt, ""  # a prompt sent once cannot hit the cache on itself
-        return None, "no cached_tokens and the prompt was sent more than once (may be a cache hit)"
+        if not record.prompt:
+            return None, "no cached_tokens and the prompt is not journaled"
+        cacheable = shared.get(record.id, len(record.prompt))
+        if cacheable >= len(record.prompt):
+            return None, "no cached_tokens and the same prompt was sent before (may be a cache hit)"
+        return prompt - math.ceil(prompt * cacheable / len(record.prompt)), ""
 
     def calibrate(
-        self, baseline: list[RequestRecord], baseline_tokens: dict[int, int], prompt_uses: Counter[str]
+        self, baseline: list[RequestRecord], baseline_tokens: dict[int, int], shared: dict[str, int]
     ) -> tuple[PrefillModel | None, str]:
         rows: list[tuple[float, float, float]] = []  # (uncached, completion term, latency)
         for record in baseline:
             if record.status != 200:
                 continue
-            uncached, _ = self.uncached(record, baseline_tokens, prompt_uses)
+            uncached, _ = self.uncached(record, baseline_tokens, shared)
             seen, exact = observed_ttft(record)
             if uncached is None or seen is None:
                 continue
