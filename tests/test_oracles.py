@@ -566,10 +566,19 @@ def test_timing_fails_a_long_prompt_answered_as_fast_as_a_one_token_prefill(jour
 
 
 @integration
-def test_timing_passes_on_the_clean_server(journal: Journal) -> None:
+def test_timing_passes_on_the_clean_server(journal: Journal, tmp_path: Path) -> None:
     with serve() as server:
         _timing_run(journal, server.url, "tt", over_length=OVER_LENGTH)
     result = TimingTellOracle().evaluate(context(journal))
+    assert result.verdict is not Verdict.FAIL, result
+    if result.checked == 0:
+        # One baseline point slowed by the machine (seen once in a full `make test`) widens the
+        # fit's residual sigma past what these prompts' prefill clears, so nothing is judged: an
+        # honest INCONCLUSIVE. A second, independent run must then judge and pass.
+        assert result.verdict is Verdict.INCONCLUSIVE and any("sigma" in n for n in result.notes), result
+        with Journal.create(tmp_path / "again") as again, serve() as server:
+            _timing_run(again, server.url, "tt", over_length=OVER_LENGTH)
+            result = TimingTellOracle().evaluate(context(again))
     assert result.verdict is Verdict.PASS, result
     assert result.checked >= 4  # the long load prompts were judged; the cached one was too short to judge
 
