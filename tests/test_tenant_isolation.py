@@ -199,6 +199,14 @@ def rounds(
     return out
 
 
+def report_cached(records: list[RequestRecord], tokens: int, *roles: str) -> list[RequestRecord]:
+    """Have every record of `roles` report `tokens` cached tokens (in place; returned for chaining)."""
+    for r in records:
+        if r.actor in roles:
+            r.cached_tokens = tokens
+    return records
+
+
 def test_no_tenant_records_is_inconclusive(journal: Journal) -> None:
     result = evaluate(journal)
     assert result.verdict is Verdict.INCONCLUSIVE
@@ -310,19 +318,14 @@ def test_an_engine_that_reports_every_prompt_cached_is_inconclusive_not_a_leak(
     """vLLM's PD connector reported the whole prompt as cached before vLLM PR #46898 (issues
     #47136, #44607): guesses and never-sent controls alike. Telemetry that cannot tell them apart
     is no evidence of a hit; a guess reporting far more than every control still is."""
-    records = rounds(12)
-    for r in records:
-        if r.actor in (ATTACKER_GUESS, ATTACKER_CONTROL):
-            r.cached_tokens = 528
+    records = report_cached(rounds(12), 528, ATTACKER_GUESS, ATTACKER_CONTROL)
     result = evaluate(journal, records)
     assert result.verdict is Verdict.INCONCLUSIVE, result
     assert not summaries(result, Verdict.FAIL)
     assert any("never sent before report cached tokens" in s for s in summaries(result, Verdict.INCONCLUSIVE))
     assert any("a guess counts as a hit only above 544" in n for n in result.notes), result.notes
 
-    for r in records:
-        if r.actor == ATTACKER_CONTROL:
-            r.cached_tokens = 100  # untrusted still, but the guesses report 428 more than any control
+    report_cached(records, 100, ATTACKER_CONTROL)  # untrusted still, but the guesses report 428 more than any control
     with Journal.create(tmp_path / "leaky") as leaky:
         result = evaluate(leaky, records)
     assert result.verdict is Verdict.FAIL
@@ -333,10 +336,7 @@ def test_the_attackers_own_opening_is_discounted_but_not_more(journal: Journal, 
     """SGLang's radix cache (page size 1) serves the run's marker opening, which every tenant
     prompt starts with, from the attacker's own earlier prompts: guesses and controls alike report
     about 9 cached tokens. That is no cross-tenant hit; a guess reusing more than its controls is."""
-    records = rounds(12)
-    for r in records:
-        if r.actor in (ATTACKER_GUESS, ATTACKER_CONTROL):
-            r.cached_tokens = 9
+    records = report_cached(rounds(12), 9, ATTACKER_GUESS, ATTACKER_CONTROL)
     result = evaluate(journal, records)
     assert result.verdict is Verdict.PASS, result
     assert any("controls report up to 9 cached token(s)" in n for n in result.notes)
