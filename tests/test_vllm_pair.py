@@ -181,6 +181,59 @@ def test_the_shim_sets_pthr_delay_before_the_agent_is_made(monkeypatch: pytest.M
     assert pdchaos_nixl_delay.delay_us() == 0
 
 
+def test_the_shim_keeps_nixl_transfer_cores_inside_the_engines_own(tmp_path: Path) -> None:
+    # vLLM 0.32's NIXL worker pins its compute thread to the last core of each NUMA node, read
+    # from the host alone: both roles landed on core 1. In a child, with a stand-in for
+    # vllm.platforms.cpu, as an engine process imports it after sitecustomize ran.
+    platform = tmp_path / "vllm" / "platforms"
+    platform.mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    (platform / "__init__.py").write_text("")
+    (platform / "cpu.py").write_text(
+        "class CpuPlatform:\n    @classmethod\n    def discover_numa_topology(cls):\n        return [[0, 1], [2, 3]]\n"
+    )
+    shim = REPO / "chaos" / "targets" / "vllm" / "shim"
+    script = (
+        "import os, sitecustomize\n"
+        "os.sched_setaffinity(0, {0})\n"
+        "from vllm.platforms.cpu import CpuPlatform\n"
+        "print(CpuPlatform.discover_numa_topology())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": f"{shim}{os.pathsep}{tmp_path}"},
+    )
+    assert done.stdout.split("\n")[0] == "[[0]]", done.stdout + done.stderr
+    assert "NIXL transfer cores [[0, 1], [2, 3]] -> [[0]]" in done.stderr
+
+
+def test_the_affinity_shim_leaves_an_unrestricted_topology_alone() -> None:
+    sys.path.insert(0, str(REPO / "chaos" / "targets" / "vllm" / "shim"))
+    try:
+        import pdchaos_nixl_affinity
+    finally:
+        sys.path.pop(0)
+    topology = [[0, 1], [2, 3]]
+    assert pdchaos_nixl_affinity.own_cores(topology, {0, 1, 2, 3}) == topology
+    assert pdchaos_nixl_affinity.own_cores(topology, {1, 3}) == [[1], [3]]
+    assert pdchaos_nixl_affinity.own_cores(topology, {3}) == [[3]]
+
+    class CpuPlatform:
+        @classmethod
+        def discover_numa_topology(cls) -> list[list[int]]:
+            return [sorted(os.sched_getaffinity(0))]
+
+    module = types.SimpleNamespace(CpuPlatform=CpuPlatform)
+    pdchaos_nixl_affinity.patch(module)
+    patched = CpuPlatform.__dict__["discover_numa_topology"]
+    pdchaos_nixl_affinity.patch(module)  # a second import must not wrap it twice
+    assert CpuPlatform.__dict__["discover_numa_topology"] is patched
+    assert CpuPlatform.discover_numa_topology() == [sorted(os.sched_getaffinity(0))]
+
+
 def test_the_shim_gets_amx_tile_state_where_the_cpu_has_amx() -> None:
     # In a child: the grant is per process. Without it vLLM's AMX attention dies of SIGILL in the
     # decode worker on AMX hosts; the pair tests below are what shows the whole fix.
