@@ -181,6 +181,18 @@ def test_the_shim_sets_pthr_delay_before_the_agent_is_made(monkeypatch: pytest.M
     assert pdchaos_nixl_delay.delay_us() == 0
 
 
+def _run_with_shim(script: str, *more_paths: Path) -> subprocess.CompletedProcess[str]:
+    """`script` in a child Python with the engine processes' shim directory on PYTHONPATH first."""
+    path = os.pathsep.join(str(p) for p in (REPO / "chaos" / "targets" / "vllm" / "shim", *more_paths))
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+
+
 def test_the_shim_keeps_nixl_transfer_cores_inside_the_engines_own(tmp_path: Path) -> None:
     # vLLM 0.32's NIXL worker pins its compute thread to the last core of each NUMA node, read
     # from the host alone: both roles landed on core 1. In a child, with a stand-in for
@@ -192,20 +204,13 @@ def test_the_shim_keeps_nixl_transfer_cores_inside_the_engines_own(tmp_path: Pat
     (platform / "cpu.py").write_text(
         "class CpuPlatform:\n    @classmethod\n    def discover_numa_topology(cls):\n        return [[0, 1], [2, 3]]\n"
     )
-    shim = REPO / "chaos" / "targets" / "vllm" / "shim"
     script = (
         "import os, sitecustomize\n"
         "os.sched_setaffinity(0, {0})\n"
         "from vllm.platforms.cpu import CpuPlatform\n"
         "print(CpuPlatform.discover_numa_topology())\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "PYTHONPATH": f"{shim}{os.pathsep}{tmp_path}"},
-    )
+    done = _run_with_shim(script, tmp_path)
     assert done.stdout.split("\n")[0] == "[[0]]", done.stdout + done.stderr
     assert "NIXL transfer cores [[0, 1], [2, 3]] -> [[0]]" in done.stderr
 
@@ -237,7 +242,6 @@ def test_the_affinity_shim_leaves_an_unrestricted_topology_alone() -> None:
 def test_the_shim_gets_amx_tile_state_where_the_cpu_has_amx() -> None:
     # In a child: the grant is per process. Without it vLLM's AMX attention dies of SIGILL in the
     # decode worker on AMX hosts; the pair tests below are what shows the whole fix.
-    shim = REPO / "chaos" / "targets" / "vllm" / "shim"
     script = (
         "import ctypes, pdchaos_amx\n"
         "granted = pdchaos_amx.request_tile_state()\n"
@@ -245,13 +249,7 @@ def test_the_shim_gets_amx_tile_state_where_the_cpu_has_amx() -> None:
         "ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(mask))  # ARCH_GET_XCOMP_PERM\n"
         "print(granted, bool(mask.value >> 18 & 1))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "PYTHONPATH": str(shim)},
-    )
+    done = _run_with_shim(script)
     cpu_flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     expected = "True True" if "amx_tile" in cpu_flags else "False False"
     assert done.stdout.split() == expected.split(), done.stdout + done.stderr
