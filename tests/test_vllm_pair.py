@@ -11,6 +11,7 @@ patterns against lines the pair wrote, and the NIXL shim.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -32,6 +33,7 @@ from chaos.journal import Journal
 from chaos.process import live_states, process_state
 from chaos.runner import RunOutcome
 from chaos.targets.vllm.dialect import VllmDialect
+from chaos.targets.vllm.engine import SHIM
 from chaos.targets.vllm.spec import VllmSpec
 from chaos.targets.vllm.stack import VllmStack
 from chaos.verdict import Verdict
@@ -160,12 +162,17 @@ def test_dialect_patterns_match_the_lines_vllm_writes() -> None:
     assert VllmDialect(dev_mode=False).flush_cache_path is None
 
 
-def test_the_shim_sets_pthr_delay_before_the_agent_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
-    sys.path.insert(0, str(REPO / "chaos" / "targets" / "vllm" / "shim"))
+def _shim_module(name: str) -> Any:
+    """One of the shim's modules, imported here as an engine process imports it (SHIM on the path)."""
+    sys.path.insert(0, str(SHIM))
     try:
-        import pdchaos_nixl_delay
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
+
+
+def test_the_shim_sets_pthr_delay_before_the_agent_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    pdchaos_nixl_delay = _shim_module("pdchaos_nixl_delay")
     seen: list[int] = []
 
     class Config:
@@ -183,7 +190,7 @@ def test_the_shim_sets_pthr_delay_before_the_agent_is_made(monkeypatch: pytest.M
 
 def _run_with_shim(script: str, *more_paths: Path) -> subprocess.CompletedProcess[str]:
     """`script` in a child Python with the engine processes' shim directory on PYTHONPATH first."""
-    path = os.pathsep.join(str(p) for p in (REPO / "chaos" / "targets" / "vllm" / "shim", *more_paths))
+    path = os.pathsep.join(str(p) for p in (SHIM, *more_paths))
     return subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
@@ -216,11 +223,7 @@ def test_the_shim_keeps_nixl_transfer_cores_inside_the_engines_own(tmp_path: Pat
 
 
 def test_the_affinity_shim_leaves_an_unrestricted_topology_alone() -> None:
-    sys.path.insert(0, str(REPO / "chaos" / "targets" / "vllm" / "shim"))
-    try:
-        import pdchaos_nixl_affinity
-    finally:
-        sys.path.pop(0)
+    pdchaos_nixl_affinity = _shim_module("pdchaos_nixl_affinity")
     topology = [[0, 1], [2, 3]]
     assert pdchaos_nixl_affinity.own_cores(topology, {0, 1, 2, 3}) == topology
     assert pdchaos_nixl_affinity.own_cores(topology, {1, 3}) == [[1], [3]]
@@ -232,8 +235,10 @@ def test_the_affinity_shim_leaves_an_unrestricted_topology_alone() -> None:
             return [sorted(os.sched_getaffinity(0))]
 
     module = types.SimpleNamespace(CpuPlatform=CpuPlatform)
+    original = CpuPlatform.__dict__["discover_numa_topology"]
     pdchaos_nixl_affinity.patch(module)
     patched = CpuPlatform.__dict__["discover_numa_topology"]
+    assert patched is not original
     pdchaos_nixl_affinity.patch(module)  # a second import must not wrap it twice
     assert CpuPlatform.__dict__["discover_numa_topology"] is patched
     assert CpuPlatform.discover_numa_topology() == [sorted(os.sched_getaffinity(0))]

@@ -1,4 +1,4 @@
-"""Start one vLLM engine with the NIXL progress-thread fix: run with the vLLM venv's python.
+"""Start one vLLM engine with the shim's fixes (shim/sitecustomize.py): run with the vLLM venv's python.
 
     .venv-vllm/bin/python chaos/targets/vllm/engine.py --model ... (vLLM's api_server arguments)
 
