@@ -22,6 +22,19 @@ from faults.window import run_window
 from loadprofiles.clock import ScheduleClock
 
 HOLD_WORTH_NOTING_S = 1.0  # the schedule clock stood still this long for a window: journaled and said
+SPAN_MARGIN_S = 3.0  # a span probe decodes this long past its window's heal and last held write
+
+
+def span_needed_s(campaign: Campaign) -> float:
+    """How long a span probe must decode to cover every window that holds one (the window, the
+    writes it held back, a margin); 0 when none does (faults/provoke.py, `span`)."""
+    needed = 0.0
+    for n, window in enumerate(campaign.windows()):
+        fault = build_fault(window.fault, window.params, f"faults.windows[{n}]")
+        _, provoke = split_params(window.params, f"faults.windows[{n}].params")
+        if "span" in provoke.kinds_for(window.fault, fault.freezes_sender()):
+            needed = max(needed, window.duration_s + fault.lingers_s() + SPAN_MARGIN_S)
+    return needed
 
 
 class FaultSchedule:
@@ -36,6 +49,7 @@ class FaultSchedule:
         say: Callable[[str], None],
         replayer: Callable[[], Callable[[], None] | None],
         aftershock: Callable[[WindowSpec], None],
+        span_probe: Callable[[threading.Event], None] | None = None,
     ) -> None:
         self.campaign = campaign
         self.target = target
@@ -46,6 +60,7 @@ class FaultSchedule:
         self.say = say
         self.replayer = replayer  # a fresh reference-probe replayer for each window's provocation
         self.aftershock = aftershock
+        self.span_probe = span_probe  # sends the span probe of a window that freezes the KV sender
         self.active_fault: str | None = None  # "fault#window" while a window runs
 
     def run(self, windows: list[WindowSpec], load_started: threading.Event, load_done: threading.Event) -> None:
@@ -109,6 +124,8 @@ class FaultSchedule:
             request_timeout_s=self.campaign.oracles.request_deadline_s + 1.0,
             lingers_s=fault.lingers_s(),
             replay_probe=self.replayer(),
+            freezes_sender=fault.freezes_sender(),
+            span_probe=self.span_probe,
         )
         ctx = FaultContext(target=self.target, journal=self.journal, window_id=f"w{n + 1}")
         self.say(f"fault {window.fault} ({ctx.window_id}) for {window.duration_s:.0f}s")

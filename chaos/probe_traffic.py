@@ -1,7 +1,8 @@
 """The reference probes under load: replayed at their interval through the load (not in its
-lulls), one with each reuse wave of a window's provocation, and all at once after every heal (the
-aftershock). Every reply is journaled and counts as progress for the watchdog. Their isolated
-answers were recorded at the baseline (`chaos/runner.py`); the reference oracle compares."""
+lulls), one with each reuse wave of a window's provocation, all at once after every heal (the
+aftershock), and the span probe across each window that freezes the KV sender. Every reply is
+journaled and counts as progress for the watchdog. Their isolated answers were recorded at the
+baseline (`chaos/runner.py`); the reference oracle compares."""
 
 from __future__ import annotations
 
@@ -36,8 +37,12 @@ class ProbeTraffic:
         watchdog: ProgressWatchdog,
         stop: threading.Event,
         say: Callable[[str], None],
+        span: Probe | None = None,
+        span_timeout_s: float = 0.0,
     ) -> None:
         self.probes = probes
+        self.span = span  # recorded at the baseline when a window holds a span (faults/provoke.py)
+        self.span_timeout_s = span_timeout_s
         self.router_url = router_url
         self.api = api
         self.model = model
@@ -73,6 +78,32 @@ class ProbeTraffic:
                 log.debug("reference probe of a provocation not journaled", exc_info=True)
 
         return replay
+
+    def span_sender(self) -> Callable[[threading.Event], None] | None:
+        """Sends the span probe, sets the event once it decodes, journals it when it ends. Its
+        timeout is past the liveness deadline: a span that long is a hang, not a doubt."""
+        span = self.span
+        if span is None:
+            return None
+
+        def send_span(decoding: threading.Event) -> None:
+            try:
+                with transport.client(trust_env=False) as client:
+                    record = send_probe(
+                        client,
+                        self.router_url,
+                        span,
+                        "span",
+                        self.api,
+                        timeout_s=self.span_timeout_s,
+                        model=self.model,
+                        first_token=decoding,
+                    )
+                self.record(record)
+            except Exception:  # a probe the run can no longer journal (it is ending) proves nothing
+                log.debug("span probe not journaled", exc_info=True)
+
+        return send_span
 
     def aftershock(self, window: WindowSpec) -> None:
         """Replay every probe right after the heal, all at once: corruption can outlive its fault,

@@ -8,7 +8,11 @@ time to first token is measured), else through `/v1/completions`.
 
 from __future__ import annotations
 
+import math
+import statistics
+import threading
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -76,6 +80,7 @@ class Probe:
     markers: tuple[str, str]
     max_tokens: int
     lora_path: str | None = None
+    ignore_eos: bool = False  # decode all `max_tokens` (the span probe)
 
 
 def build_probes(
@@ -108,6 +113,35 @@ def build_probes(
     return probes
 
 
+def build_span_probe(codec: MarkerCodec, index: int, max_tokens: int) -> Probe:
+    """The probe a `span` provocation keeps decoding across a frozen sender (faults/provoke.py):
+    a short prompt that asks for new text, decoded to `max_tokens` whatever it says (ignore_eos),
+    so it asks for a new page every page of output, and attends every one at every step."""
+    head, tail = codec.marker(index, 0), codec.marker(index, 1)
+    prompt = f"{head} Write the weekly review of this note, at length. {FILLER} {tail}"
+    return Probe(index, prompt, (head, tail), max_tokens, ignore_eos=True)
+
+
+def span_tokens(span_s: float, itl_s: float, room_tokens: int) -> int:
+    """Tokens that keep a decode running `span_s` at `itl_s` per token (the isolated pace: under
+    load a token comes slower, so it runs longer), within `room_tokens`."""
+    return max(1, min(room_tokens, math.ceil(span_s / itl_s)))
+
+
+def isolated_itl(records: Iterable[RequestRecord]) -> float | None:
+    """The median time per generated token of complete streamed replies (the baselines)."""
+    paces = [
+        (r.t_end - r.t_first_token) / (r.completion_tokens - 1)
+        for r in records
+        if r.status == 200
+        and r.t_end is not None
+        and r.t_first_token is not None
+        and r.completion_tokens is not None
+        and r.completion_tokens > 1
+    ]
+    return statistics.median(paces) if paces else None
+
+
 def replay_order(probes: list[Probe]) -> list[Probe]:
     """The order probes are replayed in under load: the adapter probes back to back, so each
     finds the shared opening still cached under the other adapter (a cache key that forgets the
@@ -137,14 +171,18 @@ def send_probe(
     api: str,
     timeout_s: float = 60.0,
     model: str = "default",
+    first_token: threading.Event | None = None,
 ) -> RequestRecord:
     """Send one probe, streamed, and return its record (never raises on HTTP trouble). `model` is
-    the name the target's /v1/models gave (an OpenAI server may refuse any other)."""
+    the name the target's /v1/models gave (an OpenAI server may refuse any other); `first_token`
+    is set when the first token arrives (the request is decoding)."""
     route = _route_for(api)
     prompt = Prompt.user("probe", probe.prompt, probe.markers, repeat="repeat" in probe.prompt)
     body = request_body(route, prompt, stream=True, max_tokens=probe.max_tokens, model=model, rid=None)
     if probe.lora_path:
         body["lora_path"] = probe.lora_path
+    if probe.ignore_eos:  # SGLang's and vLLM's sampling parameter, in both of their APIs
+        (body["sampling_params"] if route == "generate" else body)["ignore_eos"] = True
     sent = Sent(
         id=f"probe-{probe.index}-{phase}-{uuid.uuid4().hex[:8]}",
         request_index=probe.index,
@@ -158,4 +196,4 @@ def send_probe(
         max_tokens=probe.max_tokens,
         planned_send=None,
     )
-    return record_exchange(client, base_url, route, body, sent, timeout_s=timeout_s)
+    return record_exchange(client, base_url, route, body, sent, timeout_s=timeout_s, first_token=first_token)

@@ -27,7 +27,7 @@ import yaml
 from chaos import transport
 from chaos.campaign import Campaign
 from chaos.errors import TargetError, UsageError
-from chaos.fault_schedule import FaultSchedule
+from chaos.fault_schedule import FaultSchedule, span_needed_s
 from chaos.fingerprint import fingerprint
 from chaos.journal import EventKind, Journal, JournalEvent, RequestRecord
 from chaos.judging.judge import judge, record_judgement
@@ -37,7 +37,16 @@ from chaos.markers import MarkerCodec, new_run_prefix
 from chaos.pools import PoolReader
 from chaos.preflight import PreflightInputs, run_preflight
 from chaos.probe_traffic import ProbeTraffic
-from chaos.probes import ADAPTERS, Probe, build_probes, chars_per_token, send_probe
+from chaos.probes import (
+    ADAPTERS,
+    Probe,
+    build_probes,
+    build_span_probe,
+    chars_per_token,
+    isolated_itl,
+    send_probe,
+    span_tokens,
+)
 from chaos.run_evidence import journal_judging, journal_logs, journal_pool_preflight, journal_stopped
 from chaos.stop_signals import Interrupted, StopSignals
 from chaos.targets.base import Stack, Target
@@ -55,6 +64,9 @@ log = logging.getLogger("pdchaos.runner")
 PROBE_INDEX_LIMIT = 10_000  # load traffic numbers its requests from here on
 TENANT_INDEX_BASE = 5_000  # the tenant probe's requests, between the reference probes and the load
 SIZING_INDEX = TENANT_INDEX_BASE - 1  # the one request that sizes the probes
+SPAN_FALLBACK_ITL_S = 0.02  # the span probe's pace when no baseline timed one (a GPU engine's order)
+SPAN_FALLBACK_CONTEXT = 4096
+SPAN_ROOM_MARGIN = 16  # tokens kept free of the context besides the span probe's prompt
 POOL_SAMPLE_S = 0.5  # often enough that a lull of a few seconds yields two idle samples
 SERVER_INFO_TIMEOUT_S = 5.0
 
@@ -91,6 +103,7 @@ class Runner:
         self.watchdog: ProgressWatchdog | None = None  # once the journal is open
         self.schedule: FaultSchedule | None = None  # once the load starts
         self.probes: list[Probe] = []
+        self.span_probe: Probe | None = None
         self.api = "sglang"
         self.adapters: tuple[str, ...] | None = None  # LoRA adapters the workers serve; None: they do not say
         self.leaks_so_far = 0
@@ -275,15 +288,18 @@ class Runner:
                 adapters=adapters,
                 chars_per_token=per_token,
             )
-            j.set_meta("probes", {"chars_per_token": round(per_token, 3), "adapters": list(adapters)})
-            for _ in range(2):  # twice: a baseline that does not reproduce proves nothing
-                for probe in self.probes:
-                    if self.stop.is_set():
-                        raise Interrupted("stop")
-                    self._flush_caches(client)  # a reference must be computed cold, from its own prompt
-                    j.append_request(
-                        send_probe(client, endpoints.router_url, probe, "baseline", self.api, model=self.facts.model)
-                    )
+            baselines = self._record_baselines(client, self.probes)
+            self.span_probe = self._span_probe(baselines)
+            if self.span_probe is not None:
+                self._record_baselines(client, [self.span_probe], timeout_s=self._span_timeout_s())
+            j.set_meta(
+                "probes",
+                {
+                    "chars_per_token": round(per_token, 3),
+                    "adapters": list(adapters),
+                    "span_tokens": self.span_probe.max_tokens if self.span_probe else None,
+                },
+            )
             if "tenant_isolation" in self.campaign.oracles.enabled:
                 run_tenant_probe(
                     client,
@@ -299,7 +315,55 @@ class Runner:
                     raise Interrupted("stop")
         j.flush()
         j.append_event(JournalEvent(EventKind.PHASE, "baseline:end", {"probes": len(self.probes)}))
-        self._say(f"baseline: {len(self.probes)} reference probes recorded alone, twice each")
+        span = " and the span probe" if self.span_probe else ""
+        self._say(f"baseline: {len(self.probes)} reference probes{span} recorded alone, twice each")
+
+    def _record_baselines(
+        self, client: httpx.Client, probes: list[Probe], timeout_s: float = 60.0
+    ) -> list[RequestRecord]:
+        """Each probe alone, twice (a baseline that does not reproduce proves nothing), journaled."""
+        assert self.journal is not None and self.target is not None
+        records = []
+        for _ in range(2):
+            for probe in probes:
+                if self.stop.is_set():
+                    raise Interrupted("stop")
+                self._flush_caches(client)  # a reference must be computed cold, from its own prompt
+                record = send_probe(
+                    client,
+                    self.target.endpoints.router_url,
+                    probe,
+                    "baseline",
+                    self.api,
+                    timeout_s=timeout_s,
+                    model=self.facts.model,
+                )
+                self.journal.append_request(record)
+                records.append(record)
+        return records
+
+    def _span_probe(self, baselines: list[RequestRecord]) -> Probe | None:
+        """The span probe, sized to decode through the longest window that holds one at the
+        probes' isolated pace; None when no window does (faults/provoke.py, `span`)."""
+        span_s = span_needed_s(self.campaign)
+        if span_s <= 0:
+            return None
+        itl_s = isolated_itl(baselines) or SPAN_FALLBACK_ITL_S
+        probe = build_span_probe(self.codec, self.campaign.probes.count, 1)
+        context = self.facts.context_length or SPAN_FALLBACK_CONTEXT
+        pool = self.facts.max_total_num_tokens or context
+        # Room for the prompt (estimated generously), and never more than half the pool: the
+        # load must still find pages while it decodes.
+        room = min(context - len(probe.prompt) // 2 - SPAN_ROOM_MARGIN, pool // 2)
+        tokens = span_tokens(span_s, itl_s, max(1, room))
+        self._say(
+            f"span probe: {tokens} tokens, to decode {span_s:.0f} s at the isolated {itl_s * 1000:.1f} ms a token"
+        )
+        return dataclasses.replace(probe, max_tokens=tokens)
+
+    def _span_timeout_s(self) -> float:
+        """Past the liveness deadline: a span that ends later is a hang (the oracle says so)."""
+        return self.campaign.oracles.request_deadline_s + 1.0
 
     def _flush_caches(self, client: httpx.Client) -> None:
         """Empty the prefix caches (SGLang's /flush_cache; refused while requests run, absent on
@@ -343,6 +407,8 @@ class Runner:
             self.watchdog,
             self.stop,
             self._say,
+            span=self.span_probe,
+            span_timeout_s=self._span_timeout_s(),
         )
         self.schedule = FaultSchedule(
             self.campaign,
@@ -354,6 +420,7 @@ class Runner:
             self._say,
             replayer=probes.replayer,
             aftershock=probes.aftershock,
+            span_probe=probes.span_sender(),
         )
         fault_thread = threading.Thread(
             target=self.schedule.run, args=(windows, load_started, load_done), name="faults", daemon=True

@@ -119,6 +119,13 @@ class Fault(ABC):
         on at least that long, so a late write finds the request its freed pages went to."""
         return 0.0
 
+    def freezes_sender(self) -> bool:
+        """Whether the fault freezes the KV sender with writes in flight, which it makes when it
+        resumes: the peer has given up on them meanwhile, and a decode that freed their pages has
+        handed them to requests decoding right then. The window's provocation keeps one long
+        reference decode running across it (`span`, faults/provoke.py)."""
+        return False
+
     @abstractmethod
     def inject(self, ctx: FaultContext) -> None: ...
 

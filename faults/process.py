@@ -73,6 +73,10 @@ class TransferStall(Fault):
     targets = frozenset({"sim", "sglang", "vllm", "attach"})
     signals_processes = True
 
+    def freezes_sender(self) -> bool:
+        p: StallParams = self.params  # type: ignore[assignment]
+        return p.role == "prefill"
+
     def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
         role = self.params.role  # type: ignore[attr-defined]
         return [UndoAction("sigcont", role=role, pgid=p.pgid) for p in _procs(ctx, role)]
@@ -108,6 +112,10 @@ class ProcessKill(Fault):
     Params = KillParams
     targets = frozenset({"sim", "sglang", "vllm"})
     signals_processes = True
+
+    def freezes_sender(self) -> bool:
+        p: KillParams = self.params  # type: ignore[assignment]
+        return p.signal == "STOP" and p.role == "prefill"
 
     def undo_plan(self, ctx: FaultContext) -> list[UndoAction]:
         p: KillParams = self.params  # type: ignore[assignment]

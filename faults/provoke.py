@@ -26,6 +26,15 @@ with the limits the target reports at that moment (after a restart, the new ones
 - `prefix` (K5): prompts that share a long opening, sent before and after each eviction or flush,
   with long unshared prompts between them as eviction pressure, so a stale prefix-cache entry is
   hit by the next request that shares it.
+- `span` (K1, for a fault that freezes the KV sender: `Fault.freezes_sender`): one reference probe
+  that decodes for the whole window, started just before the inject and decoding (its first token
+  came back) before the sender freezes. While the sender is frozen the peer gives up on its
+  transfers, and a decode that frees their pages at once hands them, page by page, to requests
+  decoding right then (SGLang takes a decode request's pages as its output grows); when the
+  sender resumes it writes the KV it held into them. A fresh request admitted after the free gets
+  its own KV from the same frozen sender, written after the stale one, so only a request that was
+  already decoding reads the stale KV: the span probe is one, and its isolated output is known.
+  Its length is sized by the runner from the probes' isolated pace (`chaos/probes.py`).
 
 Every request is journaled with canary markers of the run (user_kind `provocation`, or
 `over_length` for a prompt over a limit) and a note that says which provocation sent it and into
@@ -61,8 +70,9 @@ from loadprofiles.sizing import Sizer
 log = logging.getLogger("pdchaos.provoke")
 
 KIND_PROVOCATION = "provocation"
-KINDS = ("band", "reuse", "burst", "prefix")
-# Which provocations each fault family gets: the bug classes its perturbation opens.
+KINDS = ("band", "reuse", "burst", "prefix", "span")
+# Which provocations each fault family gets: the bug classes its perturbation opens (and `span`
+# for every window whose fault freezes the KV sender).
 PROVOCATIONS: dict[str, tuple[str, ...]] = {
     "memory_fraction": ("band", "reuse"),
     "transfer_stall": ("reuse", "burst"),
@@ -87,6 +97,7 @@ FINISH_GRACE_S = 3.0  # after the last wave: answers still due, bounded (a wedge
 ANSWER_GRACE_S = 30.0  # ... but a band, burst or prefix shot, asked once, is waited for this much longer
 MAX_IN_FLIGHT = 48
 LANDED_MARGIN_S = 1.0  # reuse waves after the last held write is due: it lands, then is read
+SPAN_COMMIT_WAIT_S = 30.0  # the inject waits at most this long for the span probe to be decoding
 
 
 @dataclass(frozen=True)
@@ -140,10 +151,12 @@ class ProvokeSettings:
             raise UsageError(f"{where}.enabled: {data['enabled']!r} must be true or false")
         return cls(**data)
 
-    def kinds_for(self, fault: str) -> tuple[str, ...]:
+    def kinds_for(self, fault: str, freezes_sender: bool = False) -> tuple[str, ...]:
         if not self.enabled:
             return ()
-        return self.kinds if self.kinds is not None else PROVOCATIONS.get(fault, ())
+        if self.kinds is not None:
+            return self.kinds
+        return PROVOCATIONS.get(fault, ()) + (("span",) if freezes_sender else ())
 
 
 def split_params(params: Mapping[str, Any], where: str) -> tuple[dict[str, Any], ProvokeSettings]:
@@ -255,16 +268,21 @@ class Provoker(TrafficSource):
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         lingers_s: float = 0.0,
         replay_probe: Callable[[], None] | None = None,
+        freezes_sender: bool = False,
+        span_probe: Callable[[threading.Event], None] | None = None,
     ) -> None:
         self.name = fault
         self.settings = settings
         # Sends one reference probe and journals it (the runner's); each reuse wave carries one.
         self.replay_probe = replay_probe
+        # Sends the span probe, sets the event once it decodes, journals it when it ends (the runner's).
+        self.span_probe = span_probe
+        self._span_thread: threading.Thread | None = None
         # Waves go on past the heal until the last write the fault held back has landed.
         self.after_heal_s = max(settings.after_heal_s, lingers_s + LANDED_MARGIN_S if lingers_s else 0.0)
         # Past the liveness deadline, so a request the provoker gives up on is a hang, not a doubt.
         self.request_timeout_s = request_timeout_s
-        self.kinds = settings.kinds_for(fault)
+        self.kinds = settings.kinds_for(fault, freezes_sender)
         self._healed = threading.Event()
         self._healed_at: float | None = None
         self._thread: threading.Thread | None = None
@@ -289,6 +307,24 @@ class Provoker(TrafficSource):
             self._sizer = asyncio.run(self._measure())
         except Exception as exc:  # sizing is best effort: estimated sizes still provoke
             log.warning("provocation sizing on %s failed: %s", ctx.target.endpoints.router_url, exc)
+        if "span" in self.kinds:
+            self.start_span(ctx.window_id)
+
+    def start_span(self, window_id: str) -> None:
+        """Send the span probe and return once it decodes: the inject comes after (a target too
+        slow to start it within SPAN_COMMIT_WAIT_S is injected anyway, and the plan says so)."""
+        if self.span_probe is None:
+            self._plan["span"] = {"sent": False, "why": "the campaign's baseline recorded no span probe"}
+            return
+        decoding, started = threading.Event(), time.monotonic()
+        self._span_thread = threading.Thread(
+            target=self.span_probe, args=(decoding,), name=f"span-{window_id}", daemon=True
+        )
+        self._span_thread.start()
+        decoding.wait(min(SPAN_COMMIT_WAIT_S, self.request_timeout_s))
+        waited = round(time.monotonic() - started, 3)
+        self._plan["span"] = {"sent": True, "decoding": decoding.is_set(), "waited_s": waited}
+        self._tally.sent["span"] += 1
 
     async def _measure(self) -> Sizer:
         calibration: list[Exchange] = []
@@ -314,10 +350,12 @@ class Provoker(TrafficSource):
 
     def join(self) -> None:
         """Wait until the after-heal waves ran out and the provocation is journaled (bounded)."""
-        if self._thread is None:
-            return
         if not self._healed.is_set():
             self.healed()
+        if self._span_thread is not None:  # its request timeout bounds it
+            self._span_thread.join(self.request_timeout_s + FINISH_GRACE_S)
+        if self._thread is None:
+            return
         self._thread.join(self.after_heal_s + FINISH_GRACE_S + ANSWER_GRACE_S + self.request_timeout_s)
 
     def _journal_all(self) -> None:

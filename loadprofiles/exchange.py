@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterable
@@ -100,10 +101,16 @@ def _opened(status: int, content_type: str, obs: Observed, api: Api | None, cap:
 
 
 def _read_body(
-    chunks: Iterable[bytes], reader: ResponseReader, obs: Observed, interrupt: Interrupt | None, timeout_s: float
+    chunks: Iterable[bytes],
+    reader: ResponseReader,
+    obs: Observed,
+    interrupt: Interrupt | None,
+    timeout_s: float,
+    first_token: threading.Event | None = None,
 ) -> bool:
     """Feed the body to `reader` as it arrives, each piece timed on arrival; True when the server
-    ended it (not the cap, an interrupt or the deadline)."""
+    ended it (not the cap, an interrupt or the deadline). `first_token` is set when the first
+    content arrives."""
     result = reader.result
     after_chunks = interrupt.after_chunks if interrupt else None
     deadline = (obs.t_send or 0.0) + timeout_s
@@ -111,6 +118,8 @@ def _read_body(
         now = time.time()
         if not reader.feed(chunk, now):
             return False  # over the cap: closing the response drops the connection
+        if first_token is not None and result.token_times:
+            first_token.set()
         if after_chunks and len(result.token_times) >= after_chunks and result.finish is None:
             assert interrupt is not None
             obs.client_closed = f"at {interrupt.phase} (after {len(result.token_times)} content chunks)"
@@ -150,9 +159,11 @@ def perform(
     cap: int,
     headers: dict[str, str] | None = None,
     interrupt: Interrupt | None = None,
+    first_token: threading.Event | None = None,
 ) -> None:
     """Send one request and read its reply into `obs`, as it arrives. Never raises on HTTP
-    trouble; a GreenletExit (Locust stopping the user) passes through with `obs` filled so far."""
+    trouble; a GreenletExit (Locust stopping the user) passes through with `obs` filled so far.
+    `first_token` is set when the first content arrives."""
     read_timeout = interrupt.read_timeout_s if interrupt and interrupt.read_timeout_s else timeout_s
     timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s), read=read_timeout)
     reader: ResponseReader | None = None
@@ -161,7 +172,7 @@ def perform(
     try:
         with client.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
             reader = _opened(response.status_code, response.headers.get("content-type", ""), obs, api, cap)
-            server_ended = _read_body(response.iter_bytes(), reader, obs, interrupt, timeout_s)
+            server_ended = _read_body(response.iter_bytes(), reader, obs, interrupt, timeout_s, first_token)
     except Exception as exc:
         _failed(obs, exc, interrupt)
     finally:
@@ -258,12 +269,28 @@ async def perform_async(
 
 
 def record_exchange(
-    client: httpx.Client, base_url: str, route: Api, body: dict[str, Any], sent: Sent, *, timeout_s: float
+    client: httpx.Client,
+    base_url: str,
+    route: Api,
+    body: dict[str, Any],
+    sent: Sent,
+    *,
+    timeout_s: float,
+    first_token: threading.Event | None = None,
 ) -> RequestRecord:
     """Send one request from outside Locust (the runner's probes) and judge it into its record;
-    never raises on HTTP trouble."""
+    never raises on HTTP trouble. `first_token` is set when the first content arrives."""
     obs = Observed()
-    perform(client, base_url + ROUTES[route], body, api=route, timeout_s=timeout_s, obs=obs, cap=DEFAULT_BODY_CAP)
+    perform(
+        client,
+        base_url + ROUTES[route],
+        body,
+        api=route,
+        timeout_s=timeout_s,
+        obs=obs,
+        cap=DEFAULT_BODY_CAP,
+        first_token=first_token,
+    )
     return build_record(sent, obs, judge(obs))
 
 

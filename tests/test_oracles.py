@@ -514,6 +514,17 @@ def test_usage_edges_text_without_tokens_over_limit_and_missing_usage(journal: J
                 prompt_tokens=4,
                 finish_reason="abort",
             ),
+            # A stream the client gave up on has no final count (its last tokens may carry no text).
+            record(
+                "p4",
+                4,
+                user_kind="probe",
+                response_text="same",
+                completion_tokens=7,
+                prompt_tokens=4,
+                finish_reason=None,
+                error_class="timeout",
+            ),
         ]
     )
     result = UsageContractOracle().evaluate(context(journal))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from chaos.markers import MarkerCodec
 from chaos.probes import ADAPTER_PREFIX, build_probes, reader_order, replay_order
 
@@ -96,3 +98,70 @@ def test_probes_name_the_model_the_target_serves() -> None:
     assert seen == ["tiny-llama", "tiny-llama"]
     assert sizing.status == 200 and record.status == 200
     assert per_token == len(sizing.prompt) / 300
+
+
+def test_the_span_probe_decodes_its_whole_length_on_either_api_and_says_when_it_decodes() -> None:
+    """ignore_eos in SGLang's sampling_params and in the OpenAI body (SGLang and vLLM read it
+    there); the event is set once the first token is in."""
+    import json
+    import threading
+
+    import httpx
+
+    from chaos.probes import build_span_probe, send_probe
+
+    bodies: list[dict] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        chunk = (
+            {"text": "a", "meta_info": {"completion_tokens": 1}}
+            if request.url.path == "/generate"
+            else {"choices": [{"text": "a", "finish_reason": None}]}
+        )
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            content=f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode(),
+        )
+
+    span = build_span_probe(MarkerCodec("K7QX"), 12, 3000)
+    assert span.max_tokens == 3000 and span.index == 12 and "repeat" not in span.prompt.lower()
+    decoding = {api: threading.Event() for api in ("sglang", "openai")}
+    with httpx.Client(transport=httpx.MockTransport(serve)) as client:
+        for api, event in decoding.items():
+            send_probe(client, "http://target", span, "span", api, first_token=event)
+    assert bodies[0]["sampling_params"]["ignore_eos"] is True and bodies[0]["sampling_params"]["max_new_tokens"] == 3000
+    assert bodies[1]["ignore_eos"] is True and bodies[1]["max_tokens"] == 3000
+    assert all(e.is_set() for e in decoding.values())
+    # the reference probes decode as the model decides
+    probe = build_probes(MarkerCodec("K7QX"), 1, 2048, 8)[0]
+    with httpx.Client(transport=httpx.MockTransport(serve)) as client:
+        send_probe(client, "http://target", probe, "load", "sglang")
+    assert "ignore_eos" not in bodies[-1]["sampling_params"]
+
+
+def test_the_span_probe_is_sized_from_the_isolated_pace_within_its_room() -> None:
+    from chaos.journal import RequestRecord
+    from chaos.probes import isolated_itl, span_tokens
+
+    def baseline(rid: str, tokens: int, seconds: float, status: int = 200) -> RequestRecord:
+        return RequestRecord(
+            id=rid,
+            request_index=0,
+            status=status,
+            t_first_token=100.0,
+            t_end=100.0 + seconds,
+            completion_tokens=tokens,
+        )
+
+    records = [
+        baseline("a", 11, 0.05),
+        baseline("b", 21, 0.1),
+        baseline("c", 5, 9.0, status=500),
+        baseline("d", 1, 0.2),
+    ]
+    assert isolated_itl(records) == pytest.approx(0.005)  # a failed reply and a single token say nothing of the pace
+    assert isolated_itl([]) is None
+    assert span_tokens(8.0, 0.005, room_tokens=4000) == 1600
+    assert span_tokens(8.0, 0.001, room_tokens=4000) == 4000

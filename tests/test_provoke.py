@@ -3,8 +3,12 @@ there; the waves that hand freed pages to fresh requests, during the fault and a
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +34,8 @@ from faults.registry import FAULTS, build_fault
 from faults.window import run_window
 from tests.conftest import start_stack
 
+ROOT = Path(__file__).resolve().parent.parent
+STALL_SPAN = ROOT / "tests" / "campaigns" / "stall-span.yaml"
 ASYMMETRIC = [
     RoleLimits("prefill", WorkerLimits(2048, 4096, 2042)),
     RoleLimits("decode", WorkerLimits(39312, 4096, 4090)),
@@ -72,6 +78,44 @@ def test_a_wave_stays_under_every_limit_and_carries_a_multi_chunk_prompt() -> No
 
 def test_every_fault_family_names_its_provocations() -> None:
     assert set(PROVOCATIONS) == set(FAULTS)
+
+
+def test_a_window_that_freezes_the_kv_sender_holds_a_span_probe_across_it() -> None:
+    def kinds(fault: str, params: dict, settings: ProvokeSettings | None = None) -> tuple[str, ...]:
+        return (settings or ProvokeSettings()).kinds_for(fault, build_fault(fault, params, "w").freezes_sender())
+
+    assert "span" in kinds("transfer_stall", {"role": "prefill"})
+    assert "span" in kinds("process_kill", {"role": "prefill", "signal": "STOP"})
+    # a frozen receiver or a dead sender writes nothing late
+    assert "span" not in kinds("transfer_stall", {"role": "decode"})
+    assert "span" not in kinds("process_kill", {"role": "prefill", "signal": "KILL"})
+    assert "span" not in kinds("kv_transfer", {"mode": "latency", "latency_ms": 100})
+    # the campaign's own list and `provoke: false` win
+    assert kinds("transfer_stall", {"role": "prefill"}, ProvokeSettings(kinds=("reuse",))) == ("reuse",)
+    assert kinds("transfer_stall", {"role": "prefill"}, ProvokeSettings(enabled=False)) == ()
+
+
+def test_the_inject_waits_until_the_span_probe_decodes() -> None:
+    """The span probe is started in `prepare` (before the inject) and the inject waits for its
+    first token; `join` waits for the probe to end."""
+    events: list[str] = []
+    release = threading.Event()
+
+    def span(decoding: threading.Event) -> None:
+        events.append("sent")
+        time.sleep(0.3)
+        events.append("decoding")
+        decoding.set()
+        release.wait(5)
+        events.append("ended")
+
+    provoker = Provoker("transfer_stall", ProvokeSettings(kinds=("span",)), span_probe=span)
+    provoker.start_span("w1")
+    events.append("inject")
+    assert events == ["sent", "decoding", "inject"]
+    release.set()
+    provoker.join()
+    assert events[-1] == "ended"
 
 
 def test_reuse_waves_outlast_the_longest_write_a_delaying_fault_holds_back() -> None:
@@ -224,3 +268,34 @@ def test_waves_wait_while_the_connection_pool_is_full(stack: SimStack, tmp_path:
     moments = sorted({r.t_send for r in sent})
     in_flight = max(sum(1 for r in sent if r.t_send <= t and (r.t_end is None or r.t_end > t)) for t in moments)
     assert in_flight <= MAX_IN_FLIGHT, in_flight
+
+
+def _run_stall_span(out: Path, defect: str | None) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "chaos.cli", "run", str(STALL_SPAN), "--out", str(out), "--quiet"]
+    return subprocess.run(
+        args + (["--defect", defect] if defect else []), capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)
+def test_the_span_probe_reads_the_late_write_of_a_stall_on_a_decode_that_frees_early(tmp_path: Path) -> None:
+    """A prefill stall with no link proxy (an attached deployment): the span probe decodes across
+    it, so the engine that frees pages before their transfer is done (K1) hands it a freed page and
+    the stalled write lands in it when prefill resumes; the clean engine passes the same run."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        k1, clean = pool.map(
+            lambda args: _run_stall_span(*args),
+            [(tmp_path / "k1", "free_before_transfer_done"), (tmp_path / "clean", None)],
+        )
+    assert clean.returncode == 0, clean.stdout + clean.stderr[-3000:]
+    assert k1.returncode == 1, k1.stdout + k1.stderr[-3000:]
+    with Journal.open(tmp_path / "k1", readonly=True) as journal:
+        reference = next(
+            e.data for e in journal.iter_events(kind="verdict", name="oracle") if e.data["name"] == "reference"
+        )
+        spans = {r.id for r in journal.iter_requests() if r.phase == "span"}
+        plan = _provoke_event(journal)
+    assert plan["span"]["decoding"] is True, plan
+    assert reference["verdict"] == "FAIL"
+    assert {f["request_id"] for f in reference["findings"]} & spans, reference["findings"]

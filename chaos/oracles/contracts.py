@@ -355,7 +355,9 @@ class UsageContractOracle:
     def _completion_tokens_agree(self, records: Iterable[RequestRecord], out: _Collector) -> set[str]:
         groups: dict[tuple[int, str], list[RequestRecord]] = defaultdict(list)
         for record in records:
-            finished = record.finish_reason != "abort"  # an aborted reply's count may include undelivered tokens
+            # An aborted reply's count may include undelivered tokens; a stream that never ended (the
+            # client gave up) has no final count, and its last tokens may carry no text.
+            finished = record.finish_reason not in (None, "abort")
             if (
                 record.user_kind == PROBE_KIND
                 and finished

@@ -148,7 +148,8 @@ class ReferenceOracle:
                 if per_probe >= MAX_FINDINGS_PER_PROBE:
                     continue
                 per_probe += 1
-                faults = ctx.windows_at(replay.t_send)
+                # A span probe is sent just before its window's inject: the window it ran through.
+                faults = ctx.windows_at(replay.t_send) or ctx.windows_during(replay.t_send, replay.t_end)
                 mismatches.append(
                     Finding(
                         self.name,

@@ -1,8 +1,11 @@
 """The decode worker: preallocate pages, let prefill fill them, then decode over them.
 
-SGLang's decode lifecycle (`srt/disaggregation/decode.py`): preallocate pages for the prompt (here also for
-the tokens it will generate), publish them to prefill's bootstrap server keyed by the room, wait
-for the KV (waiting timeout, heartbeat), check the handoff and commit, then decode.
+SGLang's decode lifecycle (`srt/disaggregation/decode.py`): preallocate pages for the prompt,
+publish them to prefill's bootstrap server keyed by the room, wait for the KV (waiting timeout,
+heartbeat), check the handoff and commit, then decode. Admission counts the pages the output will
+need (SGLang reserves room for decode tokens), but, as in SGLang, the output takes them one at a
+time as it crosses each page boundary, from the top of the free list: a page freed a moment ago
+goes to a request that is already decoding, not only to the next one admitted.
 
 The one rule that keeps tenants apart: **pages whose KV write may still be in flight are never
 reused.** On abort, timeout or a lost prefill, the request's pages go into quarantine (SGLang's
@@ -61,6 +64,7 @@ class DecodeEngine(Engine):
         self.waiting: dict[int, tuple[Req, asyncio.Future[TransferOutcome]]] = {}
         self.quarantine: dict[int, Quarantined] = {}
         self.prealloc_queue: list[Req] = []
+        self.promised_pages = 0  # admitted outputs' pages not taken yet: admission keeps them free
         self._heartbeat_failures: dict[str, int] = {}
         self._slot_owner: dict[int, int] = {}  # metadata slot -> room that registered it last
 
@@ -105,12 +109,13 @@ class DecodeEngine(Engine):
             self._commit(req, done)
 
     async def _preallocate(self, req: Req) -> bool:
-        """Wait (FIFO, no timeout, as in SGLang) until the pool has pages for prompt + output."""
+        """Wait (FIFO, no timeout, as in SGLang) until the pool has pages for prompt + output
+        besides those promised to outputs already admitted; take the prompt's, promise the rest."""
         req.phase = Phase.PREALLOC
         needed = self.pool.pages_for(req.prompt_len + req.inp.max_new_tokens)
         self.prealloc_queue.append(req)
         try:
-            while not (self.prealloc_queue[0] is req and self.pool.free_pages >= needed):
+            while not (self.prealloc_queue[0] is req and self.pool.free_pages - self.promised_pages >= needed):
                 if req.abort_reason is not None:
                     self.finish(req, abort("Abort in waiting queue"))
                     return False
@@ -119,8 +124,18 @@ class DecodeEngine(Engine):
                     await asyncio.wait_for(self._memory_freed.wait(), timeout=0.05)
         finally:
             self.prealloc_queue.remove(req)
-        req.pages = self.pool.alloc(needed)
+        req.pages = self.pool.alloc(self.pool.pages_for(req.prompt_len))
+        req.promised_pages = needed - len(req.pages)
+        self.promised_pages += req.promised_pages
         return True
+
+    def grow(self, req: Req) -> None:
+        """The next page of `req`'s output, from the pages admission promised it."""
+        if req.promised_pages <= 0:
+            raise RuntimeError(f"request {req.rid} decodes past the pages it was admitted with")
+        req.pages = req.pages + self.pool.alloc(1)  # a new list: the slot table is keyed by its identity
+        req.promised_pages -= 1
+        self.promised_pages -= 1
 
     async def _receive(self, req: Req, addr: str) -> Done | None:
         """Publish the pages to prefill and wait for the KV. None when the request ended here."""
@@ -262,7 +277,10 @@ class DecodeEngine(Engine):
     # ------------------------------------------------------------------------ quarantine ----
 
     def release(self, req: Req) -> None:
-        """Committed pages go back at once; uncommitted ones wait until no write can land."""
+        """Committed pages go back at once; uncommitted ones wait until no write can land. Pages
+        promised to the output and never taken are free already: only the promise ends."""
+        self.promised_pages -= req.promised_pages
+        req.promised_pages = 0
         uncommitted = req.pages and not req.kv_computed and req.room is not None and req.phase is not Phase.PREALLOC
         if uncommitted and "pages_leak_on_abort" in self.defects:
             req.pages = []  # nobody will ever give them back

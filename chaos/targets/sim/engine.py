@@ -59,6 +59,7 @@ class Req:
     pages: list[int] = field(default_factory=list)
     cached_tokens: int = 0
     extra_tokens: int = 0  # pages reserved past the prompt, to decode in place
+    promised_pages: int = 0  # decode: pages its output may still take (admission counted them)
     kv_computed: bool = False  # prompt KV in `pages` is this request's own
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -453,12 +454,19 @@ class Engine:
         """Write the last token's KV, attend every slot of the sequence, predict the next."""
         prompt_len = req.prompt_len
         pos = prompt_len + len(req.output_ids) - 1
+        if pos >= len(req.pages) * self.pool.page_size:
+            self.grow(req)
         slots = self._slot_table(req, pos + 1)
         pool = self.pool
         previous = int(pool.ctx[slots[pos - 1]])
         token = req.output_ids[-1]
         pool.write_one(int(slots[pos]), token, pos, model.context_hash(previous, token, pos))
         return model.next_token(pool.read(slots), prompt_len, len(req.output_ids), req.mode, req.inp.sampling)
+
+    def grow(self, req: Req) -> None:
+        """Give `req` one more page to decode into. A whole server reserved its output with its
+        prompt (`extra_tokens`), so needing one here is a bug; decode takes them as it goes."""
+        raise RuntimeError(f"request {req.rid} decodes past the pages reserved for it")
 
     def _slot_table(self, req: Req, num_tokens: int) -> np.ndarray:
         """`pool.slots(req.pages, num_tokens)`, from a table of all the request's slots made once
