@@ -19,6 +19,10 @@ may legitimately echo); the control has its own. Round r uses indices `index_bas
 and `index_base + 2r + 1` (control): `tenant_indices` says which. Caches and the journal are not
 flushed here. `chaos/oracles/tenants.py` judges the records.
 
+A target that fails `GIVE_UP_AFTER_FAILURES` requests in a row (no 200 with a whole reply: a
+wedged engine answers each only at its own timeout) is probed no further; the oracle judges what
+came back.
+
 The route is `/v1/completions` by default: SGLang and vLLM take `cache_salt` on the OpenAI routes,
 and sglang-router 0.3.2 (the embedded stack's router) passes it through on `/v1/completions` but
 drops it from `/generate` and `/v1/chat/completions` bodies. `route="generate"` is allowed when the
@@ -33,7 +37,7 @@ import uuid
 
 import httpx
 
-from chaos.journal import Journal, RequestRecord
+from chaos.journal import Journal, Outcome, RequestRecord
 from chaos.markers import MarkerCodec
 from chaos.oracles.tenants import ATTACKER_CONTROL, ATTACKER_GUESS, TENANT_KIND, VICTIM, VICTIM_REPEAT
 from loadprofiles.exchange import ROUTES, record_exchange, request_body
@@ -43,6 +47,7 @@ from loadprofiles.sse import Api
 
 TENANT_PHASE = "tenant_probe"
 MAX_TOKENS = 4  # only the first token's time matters
+GIVE_UP_AFTER_FAILURES = 3
 VICTIM_QUESTION = "\nQuestion: which region had the largest support backlog this quarter?"
 ATTACKER_QUESTION = "\nQuestion: summarise what the engineers on call wrote about incidents."
 # One token each on BPE tokenizers and on the embedded engine's; none spells its "repeat" trigger.
@@ -127,6 +132,7 @@ def run_tenant_probe(
     base_url = base_url.rstrip("/")
     tag = uuid.uuid4().hex[:12]  # fresh tenants for every probe: nothing carries over between runs
     victim_salt, attacker_salt = f"pdchaos-{tag}-victim", f"pdchaos-{tag}-attacker"
+    failed_in_a_row = 0
     for r in range(rounds):
         victim_index, control_index = index_base + 2 * r, index_base + 2 * r + 1
         secret = secret_prefix(codec, victim_index, prefix_tokens, victim_salt)
@@ -147,17 +153,19 @@ def run_tenant_probe(
         for role, text, index, markers, salt in plan:
             if stop is not None and stop.is_set():
                 return
-            journal.append_request(
-                send_tenant_request(
-                    client,
-                    base_url,
-                    route=route,
-                    text=text,
-                    salt=salt,
-                    index=index,
-                    markers=markers,
-                    role=role,
-                    model=model,
-                    timeout_s=timeout_s,
-                )
+            record = send_tenant_request(
+                client,
+                base_url,
+                route=route,
+                text=text,
+                salt=salt,
+                index=index,
+                markers=markers,
+                role=role,
+                model=model,
+                timeout_s=timeout_s,
             )
+            journal.append_request(record)
+            failed_in_a_row = 0 if record.status == 200 and record.outcome is Outcome.OK else failed_in_a_row + 1
+            if failed_in_a_row >= GIVE_UP_AFTER_FAILURES:
+                return  # a target that answers none of it cannot be probed: judged from what came back

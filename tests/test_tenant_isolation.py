@@ -444,3 +444,30 @@ def test_shared_prefix_cache_across_tenants_fails_by_telemetry_and_timing(tmp_pa
         assert CanaryLeakOracle().evaluate(ctx).verdict is not Verdict.FAIL
     finally:
         journal.close()
+
+
+def test_the_probe_stops_on_a_target_that_stops_answering(tmp_path: Path) -> None:
+    """A wedged engine answers each request only at its own timeout: three failures in a row end
+    the probe (one failure does not), and the oracle judges what came back."""
+    import json
+
+    answered = iter([True, True, True, True, False, True, False, False, False, True, True])
+    sent = 0
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        nonlocal sent
+        sent += 1
+        if not next(answered, True):
+            return httpx.Response(500, json={"error": {"message": "KV transfer timed out"}})
+        chunk = {"choices": [{"text": "ok", "finish_reason": "length"}], "usage": {"prompt_tokens": 9}}
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            content=f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode(),
+        )
+
+    codec = MarkerCodec(new_run_prefix())
+    with Journal.create(tmp_path / "run") as journal, httpx.Client(transport=httpx.MockTransport(serve)) as client:
+        run_tenant_probe(client, "http://target", journal, codec, INDEX_BASE, "openai")
+        statuses = [r.status for r in journal.iter_requests()]
+    assert sent == 9 and statuses == [200, 200, 200, 200, 500, 200, 500, 500, 500]
