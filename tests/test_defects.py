@@ -8,8 +8,8 @@ each here), not the per-defect campaigns of `campaigns/defects/` (the detection 
 those as a second column). A leak finding must name a victim that is really in the journal and
 whose marker really is in the offending response.
 
-A defect caught in most seeds but not all (docs/detection-matrix.md gives each rate: K1 was
-caught in 9 of 10 seeds) is missed by one seed now and then. A run that misses is followed by one
+A defect caught in most seeds but not all (docs/detection-matrix.md gives each rate) is missed
+by one seed now and then. A run that misses is followed by one
 more, with the next seed, and the test says so (a warning naming both runs); two misses in a row
 fail. The rate itself is the detection matrix's to measure, not this test's.
 """
