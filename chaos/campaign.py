@@ -177,6 +177,12 @@ class OracleSpec(Strict):
         "configuration on purpose, to see what each engine release does with it",
     )
 
+    @property
+    def past_deadline_s(self) -> float:
+        """A client timeout for the suite's own long requests: past the liveness deadline, so a
+        request it gives up on is a hang (the liveness oracle says so), not a doubt."""
+        return self.request_deadline_s + 1.0
+
     def settings(self, gates: GateSpec) -> OracleSettings:
         return OracleSettings(
             reference_exact=self.reference_exact,

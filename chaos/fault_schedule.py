@@ -15,8 +15,8 @@ from chaos.campaign import Campaign, LoadSpec, WindowSpec
 from chaos.journal import EventKind, Journal, JournalEvent
 from chaos.targets.base import Target
 from chaos.watchdog import ProgressWatchdog
-from faults.base import FaultContext
-from faults.provoke import Provoker, split_params
+from faults.base import Fault, FaultContext
+from faults.provoke import Provoker, ProvokeSettings, split_params
 from faults.registry import build_fault
 from faults.window import run_window
 from loadprofiles.clock import ScheduleClock
@@ -25,13 +25,19 @@ HOLD_WORTH_NOTING_S = 1.0  # the schedule clock stood still this long for a wind
 SPAN_MARGIN_S = 3.0  # a span probe decodes this long past its window's heal and last held write
 
 
+def window_fault(n: int, window: WindowSpec) -> tuple[Fault, ProvokeSettings]:
+    """The fault of the campaign's `n`th window and its provocation settings (validated)."""
+    fault = build_fault(window.fault, window.params, f"faults.windows[{n}]")
+    _, provoke = split_params(window.params, f"faults.windows[{n}].params")
+    return fault, provoke
+
+
 def span_needed_s(campaign: Campaign) -> float:
     """How long a span probe must decode to cover every window that holds one (the window, the
     writes it held back, a margin); 0 when none does (faults/provoke.py, `span`)."""
     needed = 0.0
     for n, window in enumerate(campaign.windows()):
-        fault = build_fault(window.fault, window.params, f"faults.windows[{n}]")
-        _, provoke = split_params(window.params, f"faults.windows[{n}].params")
+        fault, provoke = window_fault(n, window)
         if "span" in provoke.kinds_for(window.fault, fault.freezes_sender()):
             needed = max(needed, window.duration_s + fault.lingers_s() + SPAN_MARGIN_S)
     return needed
@@ -116,12 +122,11 @@ class FaultSchedule:
         )
 
     def _run_window(self, n: int, window: WindowSpec) -> Provoker:
-        fault = build_fault(window.fault, window.params, f"faults.windows[{n}]")
-        _, provoke = split_params(window.params, f"faults.windows[{n}].params")
+        fault, provoke = window_fault(n, window)
         provoker = Provoker(
             window.fault,
             provoke,
-            request_timeout_s=self.campaign.oracles.request_deadline_s + 1.0,
+            request_timeout_s=self.campaign.oracles.past_deadline_s,
             lingers_s=fault.lingers_s(),
             replay_probe=self.replayer(),
             freezes_sender=fault.freezes_sender(),

@@ -39,6 +39,7 @@ ADAPTER_PREFIX = (
 ADAPTERS = ("adapter-a", "adapter-b")  # names for a target that does not list its adapters
 CHARS_PER_TOKEN = 4.0  # a common tokenizer on English text, when the target does not count tokens
 SIZING_REPEATS = 8  # the filler this many times (~1,200 characters) sizes the probes
+ASSUMED_CONTEXT_TOKENS = 4096  # probes are sized against this when the target states no context
 
 
 def _route_for(api: str) -> Api:
@@ -96,7 +97,7 @@ def build_probes(
     in characters of the filler at `chars_per_token` (measured on the target: `chars_per_token`);
     every other probe asks the model to repeat (its markers then come back out); with two or more
     `adapters`, every third runs under one of the first two, behind an opening they all share."""
-    half = (context_tokens or 4096) / 2
+    half = (context_tokens or ASSUMED_CONTEXT_TOKENS) / 2
     longest_chars = max(400, min(16000, int(half * chars_per_token)))
     adapters = adapters[:2] if len(adapters) >= 2 else ()
     probes = []
@@ -129,7 +130,8 @@ def span_tokens(span_s: float, itl_s: float, room_tokens: int) -> int:
 
 
 def isolated_itl(records: Iterable[RequestRecord]) -> float | None:
-    """The median time per generated token of complete streamed replies (the baselines)."""
+    """The median time per generated token of the answered (200) streamed replies with more than
+    one token (the baselines)."""
     paces = [
         (r.t_end - r.t_first_token) / (r.completion_tokens - 1)
         for r in records

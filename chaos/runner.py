@@ -39,6 +39,7 @@ from chaos.preflight import PreflightInputs, run_preflight
 from chaos.probe_traffic import ProbeTraffic
 from chaos.probes import (
     ADAPTERS,
+    ASSUMED_CONTEXT_TOKENS,
     Probe,
     build_probes,
     build_span_probe,
@@ -65,7 +66,6 @@ PROBE_INDEX_LIMIT = 10_000  # load traffic numbers its requests from here on
 TENANT_INDEX_BASE = 5_000  # the tenant probe's requests, between the reference probes and the load
 SIZING_INDEX = TENANT_INDEX_BASE - 1  # the one request that sizes the probes
 SPAN_FALLBACK_ITL_S = 0.02  # the span probe's pace when no baseline timed one (a GPU engine's order)
-SPAN_FALLBACK_CONTEXT = 4096
 SPAN_ROOM_MARGIN = 16  # tokens kept free of the context besides the span probe's prompt
 POOL_SAMPLE_S = 0.5  # often enough that a lull of a few seconds yields two idle samples
 SERVER_INFO_TIMEOUT_S = 5.0
@@ -291,7 +291,7 @@ class Runner:
             baselines = self._record_baselines(client, self.probes)
             self.span_probe = self._span_probe(baselines)
             if self.span_probe is not None:
-                self._record_baselines(client, [self.span_probe], timeout_s=self._span_timeout_s())
+                self._record_baselines(client, [self.span_probe], timeout_s=self.campaign.oracles.past_deadline_s)
             j.set_meta(
                 "probes",
                 {
@@ -350,7 +350,7 @@ class Runner:
             return None
         itl_s = isolated_itl(baselines) or SPAN_FALLBACK_ITL_S
         probe = build_span_probe(self.codec, self.campaign.probes.count, 1)
-        context = self.facts.context_length or SPAN_FALLBACK_CONTEXT
+        context = self.facts.context_length or ASSUMED_CONTEXT_TOKENS
         pool = self.facts.max_total_num_tokens or context
         # Room for the prompt (estimated generously), and never more than half the pool: the
         # load must still find pages while it decodes.
@@ -360,10 +360,6 @@ class Runner:
             f"span probe: {tokens} tokens, to decode {span_s:.0f} s at the isolated {itl_s * 1000:.1f} ms a token"
         )
         return dataclasses.replace(probe, max_tokens=tokens)
-
-    def _span_timeout_s(self) -> float:
-        """Past the liveness deadline: a span that ends later is a hang (the oracle says so)."""
-        return self.campaign.oracles.request_deadline_s + 1.0
 
     def _flush_caches(self, client: httpx.Client) -> None:
         """Empty the prefix caches (SGLang's /flush_cache; refused while requests run, absent on
@@ -408,7 +404,7 @@ class Runner:
             self.stop,
             self._say,
             span=self.span_probe,
-            span_timeout_s=self._span_timeout_s(),
+            span_timeout_s=self.campaign.oracles.past_deadline_s,
         )
         self.schedule = FaultSchedule(
             self.campaign,

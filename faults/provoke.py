@@ -27,8 +27,8 @@ with the limits the target reports at that moment (after a restart, the new ones
   with long unshared prompts between them as eviction pressure, so a stale prefix-cache entry is
   hit by the next request that shares it.
 - `span` (K1, for a fault that freezes the KV sender: `Fault.freezes_sender`): one reference probe
-  that decodes for the whole window, started just before the inject and decoding (its first token
-  came back) before the sender freezes. While the sender is frozen the peer gives up on its
+  that decodes for the whole window, started as the window opens and decoding (its first token
+  came back) before the fault freezes the sender. While the sender is frozen the peer gives up on its
   transfers, and a decode that frees their pages at once hands them, page by page, to requests
   decoding right then (SGLang takes a decode request's pages as its output grows); when the
   sender resumes it writes the KV it held into them. A fresh request admitted after the free gets
@@ -97,7 +97,7 @@ FINISH_GRACE_S = 3.0  # after the last wave: answers still due, bounded (a wedge
 ANSWER_GRACE_S = 30.0  # ... but a band, burst or prefix shot, asked once, is waited for this much longer
 MAX_IN_FLIGHT = 48
 LANDED_MARGIN_S = 1.0  # reuse waves after the last held write is due: it lands, then is read
-SPAN_COMMIT_WAIT_S = 30.0  # the inject waits at most this long for the span probe to be decoding
+SPAN_COMMIT_WAIT_S = 30.0  # the fault waits at most this long for the span probe to be decoding
 
 
 @dataclass(frozen=True)
@@ -307,11 +307,15 @@ class Provoker(TrafficSource):
             self._sizer = asyncio.run(self._measure())
         except Exception as exc:  # sizing is best effort: estimated sizes still provoke
             log.warning("provocation sizing on %s failed: %s", ctx.target.endpoints.router_url, exc)
+
+    def opened(self, ctx: FaultContext) -> None:
+        """The window is open (its inject journaled) and the fault is about to act: what must be
+        in flight when it acts starts now (the span probe)."""
         if "span" in self.kinds:
             self.start_span(ctx.window_id)
 
     def start_span(self, window_id: str) -> None:
-        """Send the span probe and return once it decodes: the inject comes after (a target too
+        """Send the span probe and return once it decodes: the fault acts after (a target too
         slow to start it within SPAN_COMMIT_WAIT_S is injected anyway, and the plan says so)."""
         if self.span_probe is None:
             self._plan["span"] = {"sent": False, "why": "the campaign's baseline recorded no span probe"}

@@ -61,6 +61,8 @@ def run_window(
         result.started = time.time()
         # The window opens when injection starts: a kill takes effect during inject().
         _journal(journal, fault, ctx.window_id, "inject", params=params or {})
+        if provoker is not None:
+            provoker.opened(ctx)  # in the window, and in flight before the fault acts
         fault.inject(ctx)
         if provoker is not None:
             provoker.start(ctx)

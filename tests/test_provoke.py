@@ -96,7 +96,7 @@ def test_a_window_that_freezes_the_kv_sender_holds_a_span_probe_across_it() -> N
 
 
 def test_the_inject_waits_until_the_span_probe_decodes() -> None:
-    """The span probe is started in `prepare` (before the inject) and the inject waits for its
+    """The span probe is started as the window opens and the fault waits for its
     first token; `join` waits for the probe to end."""
     events: list[str] = []
     release = threading.Event()
@@ -299,3 +299,5 @@ def test_the_span_probe_reads_the_late_write_of_a_stall_on_a_decode_that_frees_e
     assert plan["span"]["decoding"] is True, plan
     assert reference["verdict"] == "FAIL"
     assert {f["request_id"] for f in reference["findings"]} & spans, reference["findings"]
+    # sent as the window opens, before the fault acts: its mismatch names that window
+    assert all(f["window"] == "transfer_stall#w1" for f in reference["findings"] if f["request_id"] in spans)

@@ -148,8 +148,7 @@ class ReferenceOracle:
                 if per_probe >= MAX_FINDINGS_PER_PROBE:
                     continue
                 per_probe += 1
-                # A span probe is sent just before its window's inject: the window it ran through.
-                faults = ctx.windows_at(replay.t_send) or ctx.windows_during(replay.t_send, replay.t_end)
+                faults = ctx.windows_at(replay.t_send)
                 mismatches.append(
                     Finding(
                         self.name,
