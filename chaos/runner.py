@@ -438,7 +438,7 @@ class Runner:
                 self.journal,
                 ray_address=self.ray_address,
                 progress=progress,
-                on_started=lambda _: load_started.set(),
+                on_started=lambda _: self._on_load_started(load_started),
                 on_records=self._scan_live,
                 clock=self.clock,
                 cut_short=self.watchdog.wedged,
@@ -462,6 +462,11 @@ class Runner:
             if self.signals is not None and self.signals.hurry.is_set():
                 return
             thread.join(timeout=0.5)
+
+    def _on_load_started(self, load_started: threading.Event) -> None:
+        assert self.watchdog is not None
+        self.watchdog.load_started()
+        load_started.set()
 
     def _scan_live(self, records: list[RequestRecord]) -> None:
         """Count leaks as records arrive, for the live line (the canary oracle judges later)."""

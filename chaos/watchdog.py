@@ -2,7 +2,8 @@
 
 That is evidence (the liveness oracle judges the `probe/wedged` snapshot), and waiting out every
 timeout after it would only delay the verdict: once wedged, the run sends no further load, faults
-or probes. Fault windows and lulls are not counted: answers may stop there on purpose.
+or probes. Fault windows and lulls are not counted: answers may stop there on purpose; nor is
+anything before the load starts.
 
 Progress is a request that finished having generated something, or the decode side's KV in use
 moving between two samples of `/v1/loads` (every role's, where none is called decode): long
@@ -39,6 +40,11 @@ class ProgressWatchdog:
         over-length prompts with 400 while decode is stuck makes none."""
         if record.status == 200 and (record.completion_tokens or record.token_times) and record.t_end is not None:
             self.last_answer = max(self.last_answer, record.t_end)
+
+    def load_started(self) -> None:
+        """Quiet time counts from the load's start: the target's startup and the baseline before it
+        (minutes, for a GPU engine loading its weights) are no wait for an answer."""
+        self.last_answer = self.quiet_since_window = time.time()
 
     def window_ended(self) -> None:
         """Quiet time counts from the end of a window, in which answers may stop on purpose."""

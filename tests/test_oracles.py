@@ -1220,6 +1220,24 @@ def test_a_target_that_generates_nothing_with_requests_queued_is_wedged_and_live
     assert isinstance(wedged[0].evidence["t_snapshot"], float)  # when the watchdog saw it: the detection's time
 
 
+def test_quiet_time_counts_from_the_load_start_not_from_the_target_start(tmp_path: Path) -> None:
+    """A target that took a minute to start (a GPU engine loading its weights) and answers its
+    first load requests faster than the pools are sampled is not wedged when a sample catches
+    two requests queued before any answer is journaled."""
+    from chaos.watchdog import ProgressWatchdog
+
+    queued = {"decode": {"num_running_reqs": 0, "num_waiting_reqs": 2, "num_used_tokens": 0}}
+    with Journal.create(tmp_path / "run") as journal:
+        started_a_minute_ago = time.time() - 60
+        for load_started in (True, False):
+            watchdog = ProgressWatchdog(journal, 20.0, say=print)
+            watchdog.last_answer = watchdog.quiet_since_window = started_a_minute_ago  # the journal's opening
+            if load_started:
+                watchdog.load_started()
+            watchdog.check(queued, excused=False)
+            assert watchdog.wedged.is_set() is not load_started
+
+
 def test_long_generations_that_finish_nothing_for_a_minute_are_not_wedged(tmp_path: Path) -> None:
     """On a GPU, long generations may finish no request for longer than `wedged_after_s` while
     others queue; each decode step grows their KV, which a wedged pool never does."""
