@@ -753,7 +753,7 @@ def test_cpu_device_adds_only_what_cpu_needs_and_the_tier_defaults(tmp_path: Pat
     ).plan()  # type: ignore[arg-type]
     cpu = SGLangStack(SGLangSpec(model_path="m", device="cpu"), tmp_path, FakeLauncher()).plan()  # type: ignore[arg-type]
     for role, gpu_cmd, cpu_cmd in (("prefill", cuda[0], cpu[0]), ("decode", cuda[1], cpu[1])):
-        added = ["--device", "cpu", "--disable-overlap-schedule", "--disable-cuda-graph"]
+        added = ["--device", "cpu", "--disable-overlap-schedule", "--disable-cuda-graph", "--sleep-on-idle"]
         if role == "decode":
             added += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
         assert cpu_cmd.argv[3:] == gpu_cmd.argv[3:] + added  # after the python and `-m sglang.launch_server`
