@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from chaos.files import replace_file
 
 
 @dataclass(frozen=True)
@@ -107,10 +108,7 @@ class ScheduleClock:
 
 def write_state(path: str | Path, state: ClockState) -> None:
     """Replace the file at once (a reader never sees half of it)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(asdict(state)))
-    os.replace(tmp, path)
+    replace_file(Path(path), json.dumps(asdict(state)))
 
 
 def read_state(path: str | Path) -> ClockState | None:

@@ -32,6 +32,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
             "chaos.durations",
             "chaos.spec",
             "chaos.process",
+            "chaos.files",
             "chaos.gpu",
             "chaos.fingerprint",
             "chaos.facts",

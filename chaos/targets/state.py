@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from chaos.files import replace_file
 from chaos.process import kill_group, pid_alive
 from chaos.targets.base import Endpoints, ProcessRef, TargetState
 from chaos.targets.launcher import Launcher, ProcessHandle
@@ -49,7 +50,7 @@ def write_state(
     data = dataclasses.asdict(state)
     data["launcher"] = launcher.state()
     data.update(extra or {})
-    state_path(run_dir).write_text(json.dumps(data, indent=2))
+    replace_file(state_path(run_dir), json.dumps(data, indent=2))
 
 
 def clear_state(run_dir: Path) -> None:
