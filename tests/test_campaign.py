@@ -136,7 +136,9 @@ def test_an_unreachable_attach_target_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_the_shipped_campaigns_validate() -> None:
-    for path in sorted((ROOT / "campaigns").rglob("*.yaml")):
+    paths = sorted((ROOT / "campaigns").rglob("*.yaml"))
+    assert len(paths) >= 15 and ROOT / "campaigns" / "default.yaml" in paths, paths  # none moved away unseen
+    for path in paths:
         load_campaign(path)
 
 

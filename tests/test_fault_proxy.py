@@ -398,8 +398,14 @@ def test_upstream_connect_failure_closes_the_client() -> None:
 
 
 def test_listens_only_where_told(echo_port: int) -> None:
-    with ProxyThread(("127.0.0.1", echo_port)) as p:
-        assert p.address[0] == "127.0.0.1"
+    # Another loopback address than the default: the socket itself must be bound there, and the
+    # same port on 127.0.0.1 must refuse, or the proxy would answer on every interface.
+    with ProxyThread(("127.0.0.1", echo_port), listen_host="127.0.0.2") as p:
+        assert p.address == ("127.0.0.2", p.port)
+        with socket.create_connection(("127.0.0.2", p.port), timeout=2) as conn:
+            assert conn.getpeername() == ("127.0.0.2", p.port)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", p.port), timeout=2).close()
     with pytest.raises(ValueError, match="upstream"):
         FaultProxy(upstream=("127.0.0.1", 0))
 

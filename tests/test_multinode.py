@@ -124,7 +124,9 @@ def test_a_cluster_without_the_role_resources_is_a_clear_setup_error(tmp_path: P
 
 
 def test_stall_heal_reaches_a_remote_group_after_the_driver_is_gone(cluster: Any, tmp_path: Path) -> None:
-    """A SIGSTOPped role on another node is resumed and stopped by `pdchaos heal` from the journal."""
+    """A SIGSTOPped role on another node is stopped by `pdchaos heal` from the journal, through the
+    agent on its node: a process group number names nothing on the driver's host, so only the
+    agent's stop, not a local signal, proves the heal reached it."""
     from chaos.heal import heal_run
     from chaos.journal import EventKind, Journal, JournalEvent
     from chaos.targets.nodes import RayLauncher
@@ -156,6 +158,7 @@ def test_stall_heal_reaches_a_remote_group_after_the_driver_is_gone(cluster: Any
         raise
     report = heal_run(tmp_path)
     assert report.clean, report.left
+    assert f"prefill node: stopped prefill (process group {prefill.pgid})" in report.done, report.done
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.2)

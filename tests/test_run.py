@@ -16,7 +16,7 @@ import pytest
 
 from chaos.journal import Journal, JournalError
 from chaos.judging.judge import judge
-from chaos.targets.state import stop_from_state
+from chaos.targets.state import state_path, stop_from_state
 from chaos.verdict import Verdict
 from chaos.windows import windows_from_events
 from tests.bystander import Bystander
@@ -24,6 +24,9 @@ from tests.conftest import run_cli, wait_until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from soak import left_behind  # noqa: E402  (the soak benchmark's own check that nothing of a run is left)
 
 
 @pytest.mark.timeout(900)  # the whole default campaign: about four minutes here
@@ -131,18 +134,22 @@ def test_a_run_whose_load_machinery_breaks_ends_inconclusive_with_the_cause_and_
         text=True,
         cwd=ROOT,
     )
+    family: list[psutil.Process] = []
     try:
 
         def load_actor() -> psutil.Process | None:
             if not _load_started(out):
                 return None
-            family = psutil.Process(proc.pid).children(recursive=True)
+            family[:] = psutil.Process(proc.pid).children(recursive=True)
             return next((p for p in family if "LoadGenerator" in " ".join(p.cmdline() or [p.name()])), None)
 
         actor = wait_until(load_actor, timeout_s=120, what="a load actor running")
         time.sleep(2.0)
         actor.kill()
         stdout, _ = proc.communicate(timeout=180)
+        # What the run itself stopped, read before this test's own cleanup stops whatever is left
+        left_running = left_behind(family)
+        state_left = state_path(out).exists()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -153,7 +160,8 @@ def test_a_run_whose_load_machinery_breaks_ends_inconclusive_with_the_cause_and_
     report = json.loads((out / "report.json").read_text())
     assert report["verdict"] == "INCONCLUSIVE"
     assert any("the suite failed: ActorDiedError" in r for r in report.get("reasons", [])), report.get("reasons")
-    assert not (out / "target.json").exists()
+    assert left_running == [], f"left running by the run itself: {left_running}"
+    assert not state_left, "target.json left behind: the run did not stop its stack"
 
 
 def _load_started(out: Path) -> bool:

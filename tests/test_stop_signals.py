@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -19,13 +21,13 @@ import pytest
 from chaos.journal import Journal, JournalError
 from chaos.run_evidence import JUDGING
 from chaos.stop_signals import Interrupted, StopSignals
-from chaos.targets.state import stop_from_state
+from chaos.targets.state import state_path, stop_from_state
 from tests.conftest import run_cli, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from soak import still_running  # noqa: E402  (the soak benchmark's own check that nothing of a run is left)
+from soak import left_behind  # noqa: E402  (the soak benchmark's own check that nothing of a run is left)
 
 # Three fault families (a paused process, a fault proxy, client traffic) in 24 s of load
 CAMPAIGN = """\
@@ -94,10 +96,12 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _assert_nothing_left(processes: list[psutil.Process], run_dir: Path) -> None:
-    """Every process the run had started is gone (none merely stopped), and every fault it injected healed."""
-
-    wait_until(lambda: not still_running(processes), timeout_s=60, interval_s=0.5, what="the run's processes to exit")
+def _assert_nothing_left(stopped: Stopped) -> None:
+    """Every process the run had started was gone (none merely stopped) and its stack's
+    `target.json` cleared before the test's own cleanup ran, and every fault it injected healed."""
+    assert stopped.left_running == [], f"left running by the run itself: {stopped.left_running}"
+    assert not stopped.state_left, "target.json left behind: the run did not stop its stack"
+    run_dir = stopped.out
     injected = [d["window"] for k, _, d in _events(run_dir) if k == "fault" and d.get("step") == "inject"]
     healed = {d["window"] for k, _, d in _events(run_dir) if k == "fault" and d.get("step") == "heal"}
     assert set(injected) <= healed, f"windows injected but never healed: {set(injected) - healed}"
@@ -108,10 +112,11 @@ def _report(run_dir: Path) -> tuple[dict, int]:
     return json.loads(result.stdout), result.returncode
 
 
-def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
-    campaign = tmp_path / "stopped.yaml"
+def _start(run_root: Path) -> tuple[subprocess.Popen[str], Path]:
+    run_root.mkdir(parents=True)
+    campaign = run_root / "stopped.yaml"
     campaign.write_text(CAMPAIGN)
-    out = tmp_path / "run"
+    out = run_root / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "chaos.cli", "run", str(campaign), "--out", str(out)],
         stdout=subprocess.PIPE,
@@ -123,71 +128,136 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path]:
     return proc, out
 
 
-STOPS = [
-    ("baseline:start", (signal.SIGTERM,)),  # before Ray is up
-    ("transfer_stall", (signal.SIGINT, signal.SIGTERM)),  # Ctrl-C in a stall; the second hurries, the stall still heals
-    ("client_abort", (signal.SIGHUP,)),
-    ("drain:start", (signal.SIGTERM,)),  # after Ray's shutdown, which reset SIGTERM under Python
-    (JUDGING, (signal.SIGTERM,)),
-]
+@dataclass(frozen=True)
+class Stop:
+    """Where a run is stopped and how: the signals sent to the driver, one after the other."""
+
+    phase: str
+    signals: tuple[signal.Signals, ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.phase}-{'-'.join(s.name for s in self.signals)}"
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize(
-    ("phase", "signals"), STOPS, ids=[f"{p}-{'-'.join(s.name for s in sigs)}" for p, sigs in STOPS]
-)
-def test_a_stop_signal_at_any_phase_heals_stops_and_reports(
-    tmp_path: Path, phase: str, signals: tuple[signal.Signals, ...]
-) -> None:
-    proc, out = _start(tmp_path)
+@dataclass
+class Stopped:
+    """What a stopped run left: its directory, the driver's exit and output, the processes it had
+    started when the signal was sent, and, after a SIGKILL, what `pdchaos heal` said."""
+
+    out: Path
+    returncode: int | None = None
+    stdout: str = ""
+    processes: list[psutil.Process] = field(default_factory=list)
+    healed: subprocess.CompletedProcess[str] | None = None
+    # Read before the test's cleanup (`stop_from_state`), which would stop whatever the run left
+    left_running: list[str] = field(default_factory=list)
+    state_left: bool = False
+    error: Exception | None = None  # raised while stopping it: the test re-raises it
+
+
+def _stop_run(stop: Stop, run_root: Path) -> Stopped:
+    proc, out = _start(run_root)
+    stopped = Stopped(out)
     try:
-        wait_until(lambda: _reached(out, phase), timeout_s=240, interval_s=0.2, what=f"the run to reach {phase}")
-        processes = _tree(proc.pid)
-        for signum in signals:
-            proc.send_signal(signum)
-            time.sleep(0.3)
-        stdout, _ = proc.communicate(timeout=240)
+        wait_until(
+            lambda: _reached(out, stop.phase), timeout_s=240, interval_s=0.2, what=f"the run to reach {stop.phase}"
+        )
+        if stop.signals == (signal.SIGKILL,):
+            time.sleep(1.0)  # the stall well under way
+            stopped.processes = _tree(proc.pid)
+            proc.kill()  # the driver alone, as the OOM killer would
+            proc.communicate(timeout=30)
+            stopped.healed = subprocess.run(
+                [sys.executable, "-m", "chaos.cli", "heal", str(out)],
+                capture_output=True,
+                text=True,
+                timeout=180,
+                cwd=ROOT,
+            )
+        else:
+            stopped.processes = _tree(proc.pid)
+            for signum in stop.signals:
+                proc.send_signal(signum)
+                time.sleep(0.3)
+            stopped.stdout, _ = proc.communicate(timeout=240)
+        stopped.returncode = proc.returncode
+        stopped.left_running = left_behind(stopped.processes)
+        stopped.state_left = state_path(out).exists()
+    except Exception as exc:  # the test that asked for this run reports it
+        stopped.error = exc
     finally:
         if proc.poll() is None:
             proc.kill()
         stop_from_state(out)
+    return stopped
+
+
+STOPS = [
+    Stop("baseline:start", (signal.SIGTERM,)),  # before Ray is up
+    # Ctrl-C in a stall; the second signal hurries, and the stall still heals
+    Stop("transfer_stall", (signal.SIGINT, signal.SIGTERM)),
+    Stop("client_abort", (signal.SIGHUP,)),
+    Stop("drain:start", (signal.SIGTERM,)),  # after Ray's shutdown, which reset SIGTERM under Python
+    Stop(JUDGING, (signal.SIGTERM,)),
+]
+KILLS = [Stop("transfer_stall", (signal.SIGKILL,))]  # mid-load: Ray's actors and Locust up, a process paused
+
+# Two runs at a time: each lasts as long as its 24 s schedule, not as long as the CPU takes, so
+# the six side by side two at a time take a little over half as long as one after the other.
+PARALLEL = 2
+
+
+@pytest.fixture(scope="module")
+def stopped_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Stopped]:
+    """One run per selected stop (all six unless `-k` narrows them), `PARALLEL` at a time."""
+    selected = {
+        item.callspec.params["stop"].id: item.callspec.params["stop"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec") and "stop" in item.callspec.params
+    }
+    root = tmp_path_factory.mktemp("stopped")
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        runs = pool.map(lambda stop: (stop.id, _stop_run(stop, root / stop.id)), selected.values())
+        return dict(runs)
+
+
+def _stopped(stopped_runs: dict[str, Stopped], stop: Stop) -> Stopped:
+    stopped = stopped_runs[stop.id]
+    if stopped.error is not None:
+        raise stopped.error
+    return stopped
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)  # the first one waits for all six runs
+@pytest.mark.parametrize("stop", STOPS, ids=[s.id for s in STOPS])
+def test_a_stop_signal_at_any_phase_heals_stops_and_reports(stopped_runs: dict[str, Stopped], stop: Stop) -> None:
+    stopped = _stopped(stopped_runs, stop)
+    out, stdout = stopped.out, stopped.stdout
     report, code = _report(out)
     written = json.loads((out / "report.json").read_text())
-    assert proc.returncode == code, stdout[-3000:]
+    assert stopped.returncode == code, stdout[-3000:]
     assert written["verdict"] == report["verdict"] and written["reasons"] == report["reasons"]
-    if phase == JUDGING or len(signals) > 1:  # the driver took the signal that could no longer interrupt
+    if stop.phase == JUDGING or len(stop.signals) > 1:  # the driver took the signal that could no longer interrupt
         assert "already stopping" in stdout, stdout[-3000:]
-    if phase == JUDGING:  # the load was over: the signal waits for the verdict it was judging
+    if stop.phase == JUDGING:  # the load was over: the signal waits for the verdict it was judging
         assert report["verdict"] == "PASS", report["reasons"]
     else:
         assert report["verdict"] == "INCONCLUSIVE" and code == 3, report["reasons"]
         assert any("interrupted" in r for r in report["reasons"]), report["reasons"]
-    _assert_nothing_left(processes, out)
+    _assert_nothing_left(stopped)
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("phase", ["transfer_stall"])  # mid-load: Ray's actors and Locust up, a process paused
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("stop", KILLS, ids=[s.id for s in KILLS])
 def test_a_sigkilled_driver_leaves_what_heal_stops_and_a_journal_that_gives_a_verdict(
-    tmp_path: Path, phase: str
+    stopped_runs: dict[str, Stopped], stop: Stop
 ) -> None:
-    proc, out = _start(tmp_path)
-    try:
-        wait_until(lambda: _reached(out, phase), timeout_s=240, interval_s=0.2, what=f"the run to reach {phase}")
-        time.sleep(1.0)  # the stall well under way
-        processes = _tree(proc.pid)
-        proc.kill()  # the driver alone, as the OOM killer would
-        proc.communicate(timeout=30)
-        healed = subprocess.run(
-            [sys.executable, "-m", "chaos.cli", "heal", str(out)], capture_output=True, text=True, timeout=180, cwd=ROOT
-        )
-        assert healed.returncode == 0, healed.stdout + healed.stderr
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        stop_from_state(out)
-    _assert_nothing_left(processes, out)
-    report, code = _report(out)
+    stopped = _stopped(stopped_runs, stop)
+    assert stopped.healed is not None and stopped.healed.returncode == 0, stopped.healed
+    _assert_nothing_left(stopped)
+    report, code = _report(stopped.out)
     assert report["verdict"] in ("FAIL", "INCONCLUSIVE") and code in (1, 3), report["reasons"]
     assert any("stopped before it judged itself" in r for r in report["reasons"]), report["reasons"]
