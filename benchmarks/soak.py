@@ -382,9 +382,9 @@ def still_running(processes: Iterable[psutil.Process]) -> list[str]:
     return running
 
 
-def left_behind(processes: Iterable[psutil.Process]) -> list[str]:
-    """The processes still running `LEFT_BEHIND_WAIT_S` after the driver exited."""
-    deadline = time.monotonic() + LEFT_BEHIND_WAIT_S
+def left_behind(processes: Iterable[psutil.Process], wait_s: float = LEFT_BEHIND_WAIT_S) -> list[str]:
+    """The processes still running `wait_s` after the driver exited."""
+    deadline = time.monotonic() + wait_s
     while (found := still_running(processes)) and time.monotonic() < deadline:
         time.sleep(0.5)
     return found

@@ -182,7 +182,9 @@ def _stop_run(stop: Stop, run_root: Path) -> Stopped:
                 time.sleep(0.3)
             stopped.stdout, _ = proc.communicate(timeout=240)
         stopped.returncode = proc.returncode
-        stopped.left_running = left_behind(stopped.processes)
+        # A SIGKILLed driver cannot stop the Ray it started: its agents notice on their own (up to
+        # a minute here); a driver that was signalled shuts Ray down itself
+        stopped.left_running = left_behind(stopped.processes, wait_s=90 if stop.signals == (signal.SIGKILL,) else 30)
         stopped.state_left = state_path(out).exists()
     except Exception as exc:  # the test that asked for this run reports it
         stopped.error = exc
