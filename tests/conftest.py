@@ -38,6 +38,18 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
     )
 
 
+def selected_params(request: pytest.FixtureRequest, name: str) -> list[object]:
+    """The values of parameter `name` among the tests of the requesting module that this session
+    runs (all of them unless `-k` narrows them), each once, in collection order: what a module
+    fixture that makes every run up front, several at a time, must make."""
+    seen: dict[str, object] = {}
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if getattr(item, "module", None) is request.module and callspec is not None and name in callspec.params:
+            seen.setdefault(str(callspec.params[name]), callspec.params[name])
+    return list(seen.values())
+
+
 def wait_until(probe: Callable[[], T], timeout_s: float = 15.0, interval_s: float = 0.1, what: str = "condition") -> T:
     """Poll `probe` until it returns something truthy; fail the test with `what` otherwise."""
     deadline = time.monotonic() + timeout_s

@@ -29,6 +29,7 @@ import pytest
 from chaos.journal import Journal
 from chaos.markers import MarkerCodec
 from chaos.targets.sim.defects import DEFECTS
+from tests.conftest import selected_params
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,13 +68,7 @@ SECOND_SEED = 8  # the campaign's own is 7
 @pytest.fixture(scope="module")
 def defect_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, DefectRun]:
     """One run per selected defect (all ten unless `-k` narrows them), `PARALLEL` at a time."""
-    selected = sorted(
-        {
-            item.callspec.params["defect"]
-            for item in request.session.items
-            if item.module is request.module and hasattr(item, "callspec")
-        }
-    )
+    selected = sorted(str(d) for d in selected_params(request, "defect"))
     root = tmp_path_factory.mktemp("defects")
 
     def one(defect: str) -> tuple[str, DefectRun]:

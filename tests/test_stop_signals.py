@@ -22,7 +22,7 @@ from chaos.journal import Journal, JournalError
 from chaos.run_evidence import JUDGING
 from chaos.stop_signals import Interrupted, StopSignals
 from chaos.targets.state import state_path, stop_from_state
-from tests.conftest import run_cli, wait_until
+from tests.conftest import run_cli, selected_params, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -139,6 +139,11 @@ class Stop:
     def id(self) -> str:
         return f"{self.phase}-{'-'.join(s.name for s in self.signals)}"
 
+    @property
+    def kills(self) -> bool:
+        """The driver is SIGKILLed (as the OOM killer would): `pdchaos heal` must finish its undo."""
+        return self.signals == (signal.SIGKILL,)
+
 
 @dataclass
 class Stopped:
@@ -163,20 +168,14 @@ def _stop_run(stop: Stop, run_root: Path) -> Stopped:
         wait_until(
             lambda: _reached(out, stop.phase), timeout_s=240, interval_s=0.2, what=f"the run to reach {stop.phase}"
         )
-        if stop.signals == (signal.SIGKILL,):
+        if stop.kills:
             time.sleep(1.0)  # the stall well under way
-            stopped.processes = _tree(proc.pid)
-            proc.kill()  # the driver alone, as the OOM killer would
+        stopped.processes = _tree(proc.pid)
+        if stop.kills:
+            proc.kill()  # the driver alone
             proc.communicate(timeout=30)
-            stopped.healed = subprocess.run(
-                [sys.executable, "-m", "chaos.cli", "heal", str(out)],
-                capture_output=True,
-                text=True,
-                timeout=180,
-                cwd=ROOT,
-            )
+            stopped.healed = run_cli("heal", str(out), timeout=180)
         else:
-            stopped.processes = _tree(proc.pid)
             for signum in stop.signals:
                 proc.send_signal(signum)
                 time.sleep(0.3)
@@ -184,7 +183,7 @@ def _stop_run(stop: Stop, run_root: Path) -> Stopped:
         stopped.returncode = proc.returncode
         # A SIGKILLed driver cannot stop the Ray it started: its agents notice on their own (up to
         # a minute here); a driver that was signalled shuts Ray down itself
-        stopped.left_running = left_behind(stopped.processes, wait_s=90 if stop.signals == (signal.SIGKILL,) else 30)
+        stopped.left_running = left_behind(stopped.processes, wait_s=90 if stop.kills else 30)
         stopped.state_left = state_path(out).exists()
     except Exception as exc:  # the test that asked for this run reports it
         stopped.error = exc
@@ -213,14 +212,10 @@ PARALLEL = 2
 @pytest.fixture(scope="module")
 def stopped_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Stopped]:
     """One run per selected stop (all six unless `-k` narrows them), `PARALLEL` at a time."""
-    selected = {
-        item.callspec.params["stop"].id: item.callspec.params["stop"]
-        for item in request.session.items
-        if item.module is request.module and hasattr(item, "callspec") and "stop" in item.callspec.params
-    }
+    selected = [stop for stop in selected_params(request, "stop") if isinstance(stop, Stop)]
     root = tmp_path_factory.mktemp("stopped")
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        runs = pool.map(lambda stop: (stop.id, _stop_run(stop, root / stop.id)), selected.values())
+        runs = pool.map(lambda stop: (stop.id, _stop_run(stop, root / stop.id)), selected)
         return dict(runs)
 
 
