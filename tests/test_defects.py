@@ -3,10 +3,17 @@ names the mechanism (a leak with its victim, a reference mismatch, a status or u
 breach, liveness); the clean engine passes the same campaign with the same seed
 (tests/test_run.py).
 
-The campaign is the shipped `campaigns/default.yaml`, as `make run` runs it (about four minutes
-each here), not the per-defect campaigns of `campaigns/defects/` (the detection matrix measures
-those as a second column). A leak finding must name a victim that is really in the journal and
-whose marker really is in the offending response.
+The campaign is the shipped `campaigns/default.yaml`, as `make run` runs it, not the per-defect
+campaigns of `campaigns/defects/` (the detection matrix measures those as a second column). A
+leak finding must name a victim that is really in the journal and whose marker really is in the
+offending response.
+
+A run is watched while it runs: every few seconds the product's own judge reads its journal,
+and once one of the defect's oracles already FAILs there, the run gets SIGINT, as a user's Ctrl-C
+(it heals the fault, stops the load and judges what it journaled: chaos/stop_signals.py). What
+the test asserts is that run's own verdict, not the watcher's. A defect caught in the first
+window so costs a minute instead of the whole campaign (about four minutes here); a run in which
+nothing fails runs to its end.
 
 A defect caught in most seeds but not all (docs/detection-matrix.md gives each rate) is missed
 by one seed now and then. A run that misses is followed by one
@@ -17,8 +24,11 @@ fail. The rate itself is the detection matrix's to measure, not this test's.
 from __future__ import annotations
 
 import os
+import signal
+import sqlite3
 import subprocess
 import sys
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,9 +36,11 @@ from pathlib import Path
 
 import pytest
 
-from chaos.journal import Journal
+from chaos.journal import Journal, JournalError
+from chaos.judging.judge import judge
 from chaos.markers import MarkerCodec
 from chaos.targets.sim.defects import DEFECTS
+from chaos.verdict import Verdict
 from tests.conftest import selected_params
 
 pytestmark = pytest.mark.integration
@@ -42,13 +54,42 @@ EXPECTED = {d.name: set(d.caught_by) for d in DEFECTS.values()}
 PARALLEL = int(os.environ.get("PDCHAOS_DEFECT_RUNS_PARALLEL", "2"))
 
 
-def run(out: Path, defect: str | None, seed: int | None = None) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "chaos.cli", "run", str(DEFAULT), "--out", str(out), "--quiet"]
-    if defect:
-        args += ["--defect", defect]
+RUN_TIMEOUT_S = 900
+WATCH_S = 5.0  # how often the watcher judges the journal of a run in progress (about 1 s of CPU on a full one)
+
+
+def run(out: Path, defect: str, seed: int | None = None) -> subprocess.CompletedProcess[str]:
+    """`pdchaos run` of the default campaign with the defect switched on, stopped with SIGINT as
+    soon as its journal already FAILs through one of the defect's oracles."""
+    args = [sys.executable, "-m", "chaos.cli", "run", str(DEFAULT), "--out", str(out), "--quiet", "--defect", defect]
     if seed is not None:
         args += ["--seed", str(seed)]
-    return subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline, signalled = time.monotonic() + RUN_TIMEOUT_S, False
+    while True:
+        try:
+            stdout, stderr = process.communicate(timeout=WATCH_S)  # a retry after the timeout loses no output
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() > deadline:
+                process.kill()
+                stdout, stderr = process.communicate()
+                break
+            if not signalled and EXPECTED[defect] & failing_so_far(out):
+                process.send_signal(signal.SIGINT)
+                signalled = True
+    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+
+
+def failing_so_far(out: Path) -> set[str]:
+    """The oracles that already FAIL on what a run in progress has journaled (none before its
+    journal holds a campaign)."""
+    try:
+        with Journal.open(out, readonly=True) as journal:
+            judgement = judge(journal)
+    except (FileNotFoundError, JournalError, sqlite3.Error):  # not made yet, or busy: the next look
+        return set()
+    return {o.name for o in judgement.oracles if o.verdict is Verdict.FAIL}
 
 
 def caught(defect: str, out: Path, result: subprocess.CompletedProcess[str]) -> bool:
