@@ -47,6 +47,8 @@ write is headed as not being of the current sources.
 
 Each run is one `pdchaos run CAMPAIGN --out DIR --quiet --seed N [--defect NAME]` at a time (2
 cores): about a minute for a per-defect campaign, about 4 minutes for `default` and `twin`.
+`--stop-at-detection` interrupts a defect's run (SIGINT, as Ctrl-C) once one of its intended
+oracles already FAILs on its journal (benchmarks/detection_watch.py); the doc counts those runs.
 Runs already complete in `--out-dir` are reused when their sidecar names the current digest, so an
 interrupted matrix resumes where it stopped. `--from-runs DIR` runs nothing: it summarises every
 run directory found under DIR, whatever its layout, from the journals alone (campaign, defects and
@@ -96,6 +98,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import yaml
+from detection_watch import wait_until_caught
 
 from chaos.journal import JOURNAL_FILENAME, Journal, JournalError
 from chaos.targets.sim.defects import DEFECTS
@@ -214,6 +217,7 @@ class RunSummary:
     loadavg_start: list[float] | None = None  # os.getloadavg() right before the run (sidecar)
     loadavg_end: list[float] | None = None  # and right after it
     cpus: int | None = None  # usable CPUs of the machine that ran it
+    stopped_at_detection: bool = False  # interrupted once an intended oracle FAILed (--stop-at-detection)
 
     @property
     def key(self) -> str:
@@ -364,6 +368,7 @@ def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSumm
             run.wall_s = _number(side.get("wall_s"))
             run.loadavg_start, run.loadavg_end = _loadavg(side.get("loadavg_start")), _loadavg(side.get("loadavg_end"))
             run.cpus = side.get("cpus") if isinstance(side.get("cpus"), int) else None
+            run.stopped_at_detection = side.get("stopped_at_detection") is True
             digest = side.get("source_digest")
             if isinstance(digest, str) and digest and digest == side.get("source_digest_after", digest):
                 run.source_digest, run.commit = digest, side.get("commit")
@@ -645,6 +650,14 @@ def markdown(
         "  journal order) started at or before it; a window starts at its first journaled event (its undo plan, before",
         "  its provocation and inject). From load start: first detection minus the load start (negative: in the baseline).",
     ]
+    stopped = [r for r in runs if r.stopped_at_detection]
+    if stopped:
+        lines += [
+            f"- stopped at detection: {len(stopped)} of {len([r for r in runs if r.key != CLEAN])} defect runs "
+            "(`--stop-at-detection`): interrupted with SIGINT once an intended oracle already FAILed on the journal, so",
+            "  their failing oracles are those that failed by then, and their run time is not a whole campaign's (marked",
+            '  "stopped" below). Detection and its time are the whole run\'s: the run is the same up to the interrupt.',
+        ]
     columns = matrix["columns"]
     keys = sorted({k for c in columns.values() for k in c["defects"]})
     if keys and len(columns) > 1:
@@ -731,7 +744,8 @@ def markdown(
         problems = f" ⚠ {'; '.join(r.problems)}" if r.problems else ""
         lines.append(
             f"| {r.column} | {r.key} | {r.campaign} | {r.seed if r.seed is not None else '?'} | {r.verdict or '–'}{problems} | "
-            f"{', '.join(r.failing) or '–'} | {shown} | {window} | {load} | {_secs(r.wall_s)} | `{_record_name(r)}` |"
+            f"{', '.join(r.failing) or '–'} | {shown} | {window} | {load} | {_secs(r.wall_s)}"
+            f"{' (stopped)' if r.stopped_at_detection else ''} | `{_record_name(r)}` |"
         )
     return "\n".join(lines) + "\n"
 
@@ -881,11 +895,18 @@ def interrupt_in_flight(wait_s: float = 120.0) -> None:
 
 
 def execute(
-    item: Planned, out: Path, timeout_s: float, digest: str | None = None, commit: str | None = None
+    item: Planned,
+    out: Path,
+    timeout_s: float,
+    digest: str | None = None,
+    commit: str | None = None,
+    stop_at_detection: bool = False,
 ) -> int | None:
     """One `pdchaos run`; its output goes next to the run directory, with a small sidecar that
     carries the exit code, the wall time, the machine's load and the sources' digest before and
-    after the run."""
+    after the run. `stop_at_detection`: a defect's run is interrupted once one of the defect's
+    intended oracles already FAILs on its journal (benchmarks/detection_watch.py), and the
+    sidecar says so."""
     digest = source_digest() if digest is None else digest
     run_dir = item.run_dir(out)
     if _complete(run_dir) and _sidecar(run_dir).get("source_digest") == digest == _sidecar(run_dir).get(
@@ -929,8 +950,16 @@ def execute(
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         with _IN_FLIGHT_LOCK:
             _IN_FLIGHT.add(proc)
+        stopped = False
         try:
-            rc = proc.wait(timeout=timeout_s)
+            if stop_at_detection and item.defect in EXPECTED:
+                interrupt = functools.partial(
+                    proc.send_signal, signal.SIGINT
+                )  # the driver alone, as Ctrl-C's handler sees it
+                stopped = wait_until_caught(proc, run_dir, EXPECTED[item.defect][1], timeout_s, interrupt)
+                rc = proc.returncode
+            else:
+                rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGINT)  # the runner heals and reports on SIGINT
             try:
@@ -961,10 +990,13 @@ def execute(
                 "source_digest": digest,
                 "source_digest_after": after,
                 "commit": commit,
+                "stopped_at_detection": stopped,
             }
         )
     )
     meaning = {0: "PASS", 1: "FAIL", 3: "INCONCLUSIVE"}.get(rc, f"error, see {log}")
+    if stopped:
+        meaning += ", stopped at detection"
     print(
         f"[matrix] {item.key} seed {item.seed} ({item.column}): exit {rc} ({meaning}) in {wall:.0f} s, "
         f"load {loadavg_start[0]:.2f} -> {loadavg_end[0]:.2f}",
@@ -1092,7 +1124,12 @@ def self_test() -> int:
             requests={"r1": t0 + 6.0},
             oracles={"canary": [], "reference": [{"request_id": "r1"}]},
             windows=handoff_windows,
-            sidecar={**side, "loadavg_start": [9.0, 1.0, 1.0], "loadavg_end": [5.0, 1.0, 1.0]},
+            sidecar={
+                **side,
+                "loadavg_start": [9.0, 1.0, 1.0],
+                "loadavg_end": [5.0, 1.0, 1.0],
+                "stopped_at_detection": True,
+            },
         )
         _synthetic_run(
             root / "b" / "x",
@@ -1281,6 +1318,8 @@ def self_test() -> int:
             and matrix["load"]["readings"] == 6,
             "sidecar: digest and commit of an unchanged run": runs[0].source_digest == "d2"
             and runs[0].commit == "abc123",
+            "sidecar: the one run stopped at detection": [r.path for r in runs if r.stopped_at_detection]
+            == [str(root / "a" / "seed-2")],
             "sidecar: a run during which the sources changed has no digest": [
                 r.source_digest for r in runs if r.path.endswith("/g")
             ]
@@ -1291,6 +1330,9 @@ def self_test() -> int:
         checks["doc: flags the false positives"] = "False positives on the clean engine: **2**" in text
         checks["doc: mixed sources are headed as a diagnostic"] = (
             "**Not the matrix: a diagnostic of mixed sources.**" in text and "- source digest: mixed" in text
+        )
+        checks["doc: the runs stopped at detection, counted and marked"] = (
+            "- stopped at detection: 1 of " in text and text.count("(stopped) |") == 1
         )
         checks["doc: the load line"] = (
             "median 3.00, max 9.00 (6 readings, on 2 usable CPUs; 10 run(s) without readings)" in text
@@ -1452,6 +1494,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the doc is headed as such when it is not the current one",
     )
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT_S, help="seconds per run before it is interrupted")
+    p.add_argument(
+        "--stop-at-detection",
+        action="store_true",
+        help="interrupt a defect's run (SIGINT) once one of its intended oracles already FAILs on its journal; "
+        "the doc counts the runs so stopped",
+    )
     p.add_argument(
         "--parallel",
         type=int,
@@ -1624,7 +1672,7 @@ def matrix_run(
                 return recorded
     if INTERRUPTED.is_set():
         return None
-    execute(item, out, args.timeout, digest, commit)
+    execute(item, out, args.timeout, digest, commit, stop_at_detection=args.stop_at_detection)
     run_dir = item.run_dir(out)
     if INTERRUPTED.is_set() or not (run_dir / JOURNAL_FILENAME).is_file():
         return None

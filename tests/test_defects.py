@@ -8,11 +8,11 @@ campaigns of `campaigns/defects/` (the detection matrix measures those as a seco
 leak finding must name a victim that is really in the journal and whose marker really is in the
 offending response.
 
-A run is watched while it runs: every few seconds the product's own judge reads its journal,
-and once one of the defect's oracles already FAILs there, the run gets SIGINT, as a user's Ctrl-C
-(it heals the fault, stops the load and judges what it journaled: chaos/stop_signals.py). What
-the test asserts is that run's own verdict, not the watcher's. A defect caught in the first
-window so costs a minute instead of the whole campaign (about four minutes here); a run in which
+A run is watched while it runs (benchmarks/detection_watch.py, the detection matrix's watcher):
+once the product's own judge already FAILs its journal through one of the defect's oracles, the
+run gets SIGINT, a user's Ctrl-C (it heals the fault, stops the load and judges what it
+journaled). What the test asserts is that run's own verdict. A defect caught in the first window
+so costs about a minute instead of the whole campaign (about four minutes here); a run in which
 nothing fails runs to its end.
 
 A defect caught in most seeds but not all (docs/detection-matrix.md gives each rate) is missed
@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,15 +34,17 @@ from pathlib import Path
 
 import pytest
 
-from chaos.journal import Journal, JournalError
-from chaos.judging.judge import judge
+from chaos.journal import Journal
 from chaos.markers import MarkerCodec
 from chaos.targets.sim.defects import DEFECTS
-from chaos.verdict import Verdict
 from tests.conftest import selected_params
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from detection_watch import wait_until_caught  # noqa: E402  (the detection matrix's own watcher)
+
 DEFAULT = ROOT / "campaigns" / "default.yaml"
 
 # defect -> oracles of which at least one must FAIL, from the defect registry
@@ -52,44 +52,24 @@ EXPECTED = {d.name: set(d.caught_by) for d in DEFECTS.values()}
 # Two runs at a time: ten default campaigns one after the other would take most of CI's hour. A
 # defect must be caught on a busy machine too; the clean engine's PASS is tested alone (test_run).
 PARALLEL = int(os.environ.get("PDCHAOS_DEFECT_RUNS_PARALLEL", "2"))
-
-
 RUN_TIMEOUT_S = 900
-WATCH_S = 5.0  # how often the watcher judges the journal of a run in progress (about 1 s of CPU on a full one)
 
 
 def run(out: Path, defect: str, seed: int | None = None) -> subprocess.CompletedProcess[str]:
-    """`pdchaos run` of the default campaign with the defect switched on, stopped with SIGINT as
-    soon as its journal already FAILs through one of the defect's oracles."""
+    """`pdchaos run` of the default campaign with the defect switched on, interrupted once its
+    journal already FAILs through one of the defect's oracles (benchmarks/detection_watch.py)."""
     args = [sys.executable, "-m", "chaos.cli", "run", str(DEFAULT), "--out", str(out), "--quiet", "--defect", defect]
     if seed is not None:
         args += ["--seed", str(seed)]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    deadline, signalled = time.monotonic() + RUN_TIMEOUT_S, False
-    while True:
+    log = out.with_name(f"{out.name}.log")
+    with log.open("w") as sink:
+        process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         try:
-            stdout, stderr = process.communicate(timeout=WATCH_S)  # a retry after the timeout loses no output
-            break
+            wait_until_caught(process, out, EXPECTED[defect], RUN_TIMEOUT_S, lambda: process.send_signal(signal.SIGINT))
         except subprocess.TimeoutExpired:
-            if time.monotonic() > deadline:
-                process.kill()
-                stdout, stderr = process.communicate()
-                break
-            if not signalled and EXPECTED[defect] & failing_so_far(out):
-                process.send_signal(signal.SIGINT)
-                signalled = True
-    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
-
-
-def failing_so_far(out: Path) -> set[str]:
-    """The oracles that already FAIL on what a run in progress has journaled (none before its
-    journal holds a campaign)."""
-    try:
-        with Journal.open(out, readonly=True) as journal:
-            judgement = judge(journal)
-    except (FileNotFoundError, JournalError, sqlite3.Error):  # not made yet, or busy: the next look
-        return set()
-    return {o.name for o in judgement.oracles if o.verdict is Verdict.FAIL}
+            process.kill()
+            process.wait()
+    return subprocess.CompletedProcess(args, process.returncode, log.read_text(), "")
 
 
 def caught(defect: str, out: Path, result: subprocess.CompletedProcess[str]) -> bool:
@@ -144,7 +124,7 @@ def test_the_default_campaign_fails_each_defect_through_its_oracle(defect_runs: 
             f"{defect}: missed by the campaign's seed ({done.missed_by}); judged on seed {SECOND_SEED} ({out})",
             stacklevel=1,
         )
-    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert result.returncode == 1, result.stdout[-3000:]
     failed = failing_oracles(out)
     assert oracles & set(failed), f"{defect}: expected one of {oracles} to fail, got {sorted(failed)}"
     with Journal.open(out, readonly=True) as journal:

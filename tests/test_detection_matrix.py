@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
+from pytest import MonkeyPatch
+
+from tests.run_fixtures import write_crashed_run
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import detection_matrix as dm  # noqa: E402
+import detection_watch  # noqa: E402
 
 RERUN = (
     "re-run the matrix (.venv/bin/python benchmarks/detection_matrix.py, see benchmarks/README.md) and commit "
@@ -166,3 +174,35 @@ def test_an_interrupt_starts_nothing_more_and_records_nothing_cut_short() -> Non
         assert dm.INTERRUPTED.is_set()  # matrix_run neither starts nor records a run from now on
     finally:
         dm.INTERRUPTED.clear()
+
+
+def test_the_watcher_interrupts_a_run_once_an_oracle_asked_for_fails(tmp_path: Path, monkeypatch: MonkeyPatch) -> None:
+    """benchmarks/detection_watch.py (the matrix's --stop-at-detection, tests/test_defects.py) on
+    the journal of a run caught mid-run: a leak journaled, no verdict yet."""
+    monkeypatch.setattr(detection_watch, "WATCH_S", 0.2)
+    in_progress = write_crashed_run(tmp_path / "leaky", leak=True, crash_at_s=40.0)
+    assert "canary" in detection_watch.failing_so_far(in_progress)
+    assert detection_watch.failing_so_far(tmp_path / "not-made-yet") == set()
+
+    started = time.monotonic()
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    interrupted = detection_watch.wait_until_caught(
+        run, in_progress, {"canary", "reference"}, 30, lambda: run.send_signal(signal.SIGINT)
+    )
+    assert interrupted and run.returncode is not None and time.monotonic() - started < 30
+
+    # Nothing asked for fails: the run is left to end on its own.
+    asked: list[str] = []
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    assert not detection_watch.wait_until_caught(run, in_progress, {"tenant_isolation"}, 30, lambda: asked.append("!"))
+    assert run.returncode == 0 and not asked
+
+    # Past its time the caller is told, and stops the run itself.
+    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            detection_watch.wait_until_caught(run, in_progress, {"tenant_isolation"}, 1, lambda: asked.append("!"))
+        assert run.poll() is None and not asked
+    finally:
+        run.kill()
+        run.wait()
