@@ -137,11 +137,17 @@ def test_a_run_whose_load_machinery_breaks_ends_inconclusive_with_the_cause_and_
     family: list[psutil.Process] = []
     try:
 
+        def command_line(process: psutil.Process) -> str:
+            try:
+                return " ".join(process.cmdline() or [process.name()])
+            except psutil.Error:  # one of Ray's short-lived helpers, gone since the listing
+                return ""
+
         def load_actor() -> psutil.Process | None:
             if not _load_started(out):
                 return None
             family[:] = psutil.Process(proc.pid).children(recursive=True)
-            return next((p for p in family if "LoadGenerator" in " ".join(p.cmdline() or [p.name()])), None)
+            return next((p for p in family if "LoadGenerator" in command_line(p)), None)
 
         actor = wait_until(load_actor, timeout_s=120, what="a load actor running")
         time.sleep(2.0)
