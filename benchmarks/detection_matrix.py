@@ -218,6 +218,7 @@ class RunSummary:
     loadavg_end: list[float] | None = None  # and right after it
     cpus: int | None = None  # usable CPUs of the machine that ran it
     stopped_at_detection: bool = False  # interrupted once an intended oracle FAILed (--stop-at-detection)
+    ended_before_load: bool = False  # judged, with no load start: it ended in its baseline (stopped there)
 
     @property
     def key(self) -> str:
@@ -250,6 +251,14 @@ class RunSummary:
     def first_detection(self) -> OracleOutcome | None:
         timed = [self.oracles[n] for n in self.catching() if self.oracles[n].first_s is not None]
         return min(timed, key=lambda o: o.first_s) if timed else None  # type: ignore[arg-type,return-value]
+
+    def detection_window(self) -> str | None:
+        """Where the detection fell (its provoking window, or why there is none); None: not detected,
+        or not timed. A run that ended in its baseline caught its defect before every window."""
+        first = self.first_detection()
+        if first is not None:
+            return self.window_of(first)
+        return "(before every window)" if self.ended_before_load and self.detected() else None
 
     def window_of(self, first: OracleOutcome) -> str:
         """The provoking window of a detection, or why there is none."""
@@ -326,7 +335,9 @@ def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSumm
             run.verdict, run.exit_code = event.data.get("verdict"), event.data.get("exit_code")
         if run.verdict is None:
             run.problems.append("no run verdict in the journal (crashed or still running)")
-        if run.load_started_at is None:
+        if run.load_started_at is None and run.verdict is not None:
+            run.ended_before_load = True  # no load, so no window: no time from either
+        elif run.load_started_at is None:
             run.problems.append("no load_started_at in the meta: times are not known")
         else:
             run.windows = read_windows(journal, run.load_started_at)
@@ -540,7 +551,7 @@ def _column_defects(runs: list[RunSummary]) -> dict[str, Any]:
             "median_first_s": _median([f.first_s for f in firsts if f.first_s is not None]),
             "window_s": [round(f.window_s, 2) for f in firsts if f.window_s is not None],
             "first_s": [round(f.first_s, 2) for f in firsts if f.first_s is not None],
-            "windows": dict(Counter(r.window_of(f) for r in hits if (f := r.first_detection()) is not None)),
+            "windows": dict(Counter(w for r in hits if (w := r.detection_window()) is not None)),
             "bases": dict(Counter(f.basis for f in firsts)),
             "seeds": sorted(r.seed for r in mine if r.seed is not None),
         }
@@ -654,9 +665,11 @@ def markdown(
     if stopped:
         lines += [
             f"- stopped at detection: {len(stopped)} of {len([r for r in runs if r.key != CLEAN])} defect runs "
-            "(`--stop-at-detection`): interrupted with SIGINT once an intended oracle already FAILed on the journal, so",
-            "  their failing oracles are those that failed by then, and their run time is not a whole campaign's (marked",
-            '  "stopped" below). Detection and its time are the whole run\'s: the run is the same up to the interrupt.',
+            "(`--stop-at-detection`): interrupted with SIGINT",
+            "  once an intended oracle already FAILed on the journal. Up to the interrupt each is the campaign's run, so",
+            "  whether and when it caught its defect is what the whole run shows; its failing oracles are those that",
+            '  failed by then, and its run time (marked "stopped") is not a whole campaign\'s. A run stopped in its',
+            "  baseline has no load start: its detection counts, before every window, with no time for the medians.",
         ]
     columns = matrix["columns"]
     keys = sorted({k for c in columns.values() for k in c["defects"]})
@@ -740,6 +753,8 @@ def markdown(
             if first and first.first_s is not None
             else "–"
         )
+        if r.key != CLEAN and first is None and r.ended_before_load and r.detected():
+            shown, window = "in the baseline (no load start)", "(before every window)"
         load = f"{r.loadavg_start[0]:.2f} → {r.loadavg_end[0]:.2f}" if r.loadavg_start and r.loadavg_end else "–"
         problems = f" ⚠ {'; '.join(r.problems)}" if r.problems else ""
         lines.append(
@@ -1023,13 +1038,14 @@ def _synthetic_run(
     verdict: str,
     oracles: dict[str, list[dict[str, Any]]],
     requests: dict[str, float],
-    start: float,
+    start: float | None,
     drain_at: float | None = None,
     windows: Sequence[tuple[str, float, float, float]] = (),
     sidecar: dict[str, Any] | None = None,
 ) -> None:
     """A journal shaped like a finished `pdchaos run` (only what the matrix reads). `windows`:
-    (fault, plan t, inject t, heal t), journaled in that order."""
+    (fault, plan t, inject t, heal t), journaled in that order. `start` None: a run judged before
+    its load started (stopped in its baseline)."""
     from chaos.journal import JournalEvent, RequestRecord
 
     with Journal.create(run_dir) as journal:
@@ -1037,7 +1053,10 @@ def _synthetic_run(
             "campaign", {"name": name, "seed": seed, "target": {"kind": "sim", "sim": {"defects": defects}}}
         )
         journal.set_meta("seed", seed)
-        journal.set_meta("load_started_at", start)
+        if start is not None:
+            journal.set_meta("load_started_at", start)
+        else:
+            start = max(requests.values(), default=0.0)
         for n, (fault, planned, injected, healed) in enumerate(windows):
             wid = f"w{n + 1}"
             for step, t in (
@@ -1333,6 +1352,28 @@ def self_test() -> int:
         )
         checks["doc: the runs stopped at detection, counted and marked"] = (
             "- stopped at detection: 1 of " in text and text.count("(stopped) |") == 1
+        )
+        _synthetic_run(
+            root / "baseline-stop" / "seed-1",
+            name=names["default"],
+            defects=["cache_key_ignores_adapter"],
+            seed=1,
+            verdict="FAIL",
+            start=None,
+            requests={"r1": t0 - 20.0},
+            oracles={"reference": [{"request_id": "r1"}]},
+            sidecar={**side, "stopped_at_detection": True},
+        )
+        stopped_early = summarize_run(root / "baseline-stop" / "seed-1")
+        early = _column_defects([stopped_early])["cache_key_ignores_adapter"]
+        checks["a run stopped in its baseline: detected before every window, untimed, no problem"] = (
+            stopped_early.ended_before_load
+            and not stopped_early.problems
+            and early["detected"] == 1
+            and early["windows"] == {"(before every window)": 1}
+            and early["median_first_s"] is None
+            and "in the baseline (no load start)"
+            in markdown([stopped_early], aggregate([stopped_early]), command="t", sources=[], digest="d2")
         )
         checks["doc: the load line"] = (
             "median 3.00, max 9.00 (6 readings, on 2 usable CPUs; 10 run(s) without readings)" in text
