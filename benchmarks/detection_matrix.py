@@ -335,8 +335,8 @@ def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSumm
             run.verdict, run.exit_code = event.data.get("verdict"), event.data.get("exit_code")
         if run.verdict is None:
             run.problems.append("no run verdict in the journal (crashed or still running)")
-        if run.load_started_at is None and run.verdict is not None:
-            run.ended_before_load = True  # no load, so no window: no time from either
+        if run.load_started_at is None and run.verdict == "FAIL":
+            run.ended_before_load = True  # caught before its load: no window, no time from either
         elif run.load_started_at is None:
             run.problems.append("no load_started_at in the meta: times are not known")
         else:
@@ -753,8 +753,8 @@ def markdown(
             if first and first.first_s is not None
             else "–"
         )
-        if r.key != CLEAN and first is None and r.ended_before_load and r.detected():
-            shown, window = "in the baseline (no load start)", "(before every window)"
+        if r.key != CLEAN and first is None and (placed := r.detection_window()) is not None:
+            shown, window = "before the load (no load start)", placed
         load = f"{r.loadavg_start[0]:.2f} → {r.loadavg_end[0]:.2f}" if r.loadavg_start and r.loadavg_end else "–"
         problems = f" ⚠ {'; '.join(r.problems)}" if r.problems else ""
         lines.append(
@@ -965,13 +965,15 @@ def execute(
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         with _IN_FLIGHT_LOCK:
             _IN_FLIGHT.add(proc)
-        stopped = False
+        interrupted: list[bool] = []  # set by the watcher's interrupt: kept if the run then times out
+
+        def interrupt() -> None:
+            interrupted.append(True)
+            proc.send_signal(signal.SIGINT)  # the driver alone, as its Ctrl-C handler sees it
+
         try:
             if stop_at_detection and item.defect in EXPECTED:
-                interrupt = functools.partial(
-                    proc.send_signal, signal.SIGINT
-                )  # the driver alone, as Ctrl-C's handler sees it
-                stopped = wait_until_caught(proc, run_dir, EXPECTED[item.defect][1], timeout_s, interrupt)
+                wait_until_caught(proc, run_dir, EXPECTED[item.defect][1], timeout_s, interrupt)
                 rc = proc.returncode
             else:
                 rc = proc.wait(timeout=timeout_s)
@@ -1005,12 +1007,12 @@ def execute(
                 "source_digest": digest,
                 "source_digest_after": after,
                 "commit": commit,
-                "stopped_at_detection": stopped,
+                "stopped_at_detection": bool(interrupted),
             }
         )
     )
     meaning = {0: "PASS", 1: "FAIL", 3: "INCONCLUSIVE"}.get(rc, f"error, see {log}")
-    if stopped:
+    if interrupted:
         meaning += ", stopped at detection"
     print(
         f"[matrix] {item.key} seed {item.seed} ({item.column}): exit {rc} ({meaning}) in {wall:.0f} s, "
@@ -1372,7 +1374,7 @@ def self_test() -> int:
             and early["detected"] == 1
             and early["windows"] == {"(before every window)": 1}
             and early["median_first_s"] is None
-            and "in the baseline (no load start)"
+            and "before the load (no load start)"
             in markdown([stopped_early], aggregate([stopped_early]), command="t", sources=[], digest="d2")
         )
         checks["doc: the load line"] = (

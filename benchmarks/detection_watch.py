@@ -8,34 +8,47 @@ the oracles asked for already FAILs there, the run is interrupted with SIGINT, t
 it heals the fault in effect, stops the load and judges and reports what it journaled
 (chaos/stop_signals.py). The verdict that counts is that run's own, never this module's look.
 
-Up to the interrupt the run is the campaign's run, so whether and when it catches the defect is
-what the whole run would show; what it gives up is what would have failed later. A run in which
-nothing asked for fails runs to its end. Used by the detection matrix (`--stop-at-detection`)
-and tests/test_defects.py.
+The first look comes once the baseline has ended. Two oracles judge samples the baseline makes:
+the tenant probe's statistical test and the timing oracle's fit. Judged part-way, their
+verdict could be revised by the rest of the sample, and stopping at the first look that crosses
+would count chance as a detection (optional stopping). After the baseline, every FAIL an oracle
+finds stays a FAIL as the journal grows, so up to the interrupt the run is the campaign's run,
+and whether and when it catches the defect is what the whole run would show. What it gives up is
+what would have failed later. A run in which nothing asked for fails runs to its end.
+
+Each look costs CPU the run shares (about 1.5 s to judge a whole default run's journal). Used
+by the detection matrix (`--stop-at-detection`) and tests/test_defects.py.
 """
 
 from __future__ import annotations
 
-import sqlite3
+import logging
 import subprocess
 import time
 from collections.abc import Callable, Set
 from pathlib import Path
 
-from chaos.journal import Journal, JournalError
+from chaos.journal import EventKind, Journal
 from chaos.judging.judge import judge
 from chaos.verdict import Verdict
+
+log = logging.getLogger("pdchaos.detection_watch")
 
 WATCH_S = 5.0  # between two looks; a look judges the journal so far (about 1.5 s of CPU on a whole default run)
 
 
 def failing_so_far(run_dir: Path) -> set[str]:
-    """The oracles that already FAIL on what a run in progress has journaled (none before its
-    journal holds a campaign)."""
+    """The oracles that already FAIL on what a run in progress has journaled; none before its
+    baseline has ended."""
     try:
         with Journal.open(run_dir, readonly=True) as journal:
+            if not any(journal.iter_events(kind=EventKind.PHASE.value, name="baseline:end")):
+                return set()
             judgement = judge(journal)
-    except (FileNotFoundError, JournalError, sqlite3.Error):  # not made yet, or busy: the next look
+    except FileNotFoundError:  # not made yet
+        return set()
+    except Exception:  # a journal caught mid-write (busy, half a schema), or a judge that broke: the next look
+        log.warning("could not judge %s so far; looking again", run_dir, exc_info=True)
         return set()
     return {o.name for o in judgement.oracles if o.verdict is Verdict.FAIL}
 

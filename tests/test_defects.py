@@ -9,8 +9,8 @@ leak finding must name a victim that is really in the journal and whose marker r
 offending response.
 
 A run is watched while it runs (benchmarks/detection_watch.py, the detection matrix's watcher):
-once the product's own judge already FAILs its journal through one of the defect's oracles, the
-run gets SIGINT, a user's Ctrl-C (it heals the fault, stops the load and judges what it
+once its baseline has ended and the product's own judge already FAILs its journal through one of
+the defect's oracles, the run gets SIGINT, a user's Ctrl-C (it heals the fault, stops the load and judges what it
 journaled). What the test asserts is that run's own verdict. A defect caught in the first window
 so costs about a minute instead of the whole campaign (about four minutes here); a run in which
 nothing fails runs to its end.
@@ -66,9 +66,13 @@ def run(out: Path, defect: str, seed: int | None = None) -> subprocess.Completed
         process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         try:
             wait_until_caught(process, out, EXPECTED[defect], RUN_TIMEOUT_S, lambda: process.send_signal(signal.SIGINT))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        except subprocess.TimeoutExpired:  # stopped as the matrix stops a run past its time: heal first
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
     return subprocess.CompletedProcess(args, process.returncode, log.read_text(), "")
 
 
