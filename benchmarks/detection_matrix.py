@@ -266,7 +266,8 @@ class RunSummary:
             return first.window
         if self.windows is None:
             return "(windows not recorded)"
-        return "(before every window)" if self.windows else "(no fault window in the run)"
+        # A run stopped at detection before its first window journaled none, yet its campaign has some.
+        return "(before every window)" if self.windows or self.stopped_at_detection else "(no fault window in the run)"
 
 
 def _number(value: Any) -> float | None:
@@ -666,10 +667,12 @@ def markdown(
         lines += [
             f"- stopped at detection: {len(stopped)} of {len([r for r in runs if r.key != CLEAN])} defect runs "
             "(`--stop-at-detection`): interrupted with SIGINT",
-            "  once an intended oracle already FAILed on the journal. Up to the interrupt each is the campaign's run, so",
-            "  whether and when it caught its defect is what the whole run shows; its failing oracles are those that",
-            '  failed by then, and its run time (marked "stopped") is not a whole campaign\'s. A run stopped in its',
-            "  baseline has no load start: its detection counts, before every window, with no time for the medians.",
+            "  once an intended oracle already FAILed on the journal, on a FAIL that stays a FAIL as the journal grows",
+            "  (the tenant test and the timing fit judge whole samples: they count from the baseline's end on). Up to",
+            "  the interrupt each is the campaign's run, so whether and when it caught its defect is what the whole run",
+            '  shows; its failing oracles are those that failed by then, and its run time (marked "stopped") is not a',
+            "  whole campaign's. A run stopped in its baseline has no load start: its detection counts, before every",
+            "  window, with no time for the medians.",
         ]
     columns = matrix["columns"]
     keys = sorted({k for c in columns.values() for k in c["defects"]})
