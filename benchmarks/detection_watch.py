@@ -8,7 +8,9 @@ the oracles asked for already FAILs there, the run is interrupted with SIGINT, t
 it heals the fault in effect, stops the load and judges and reports what it journaled
 (chaos/stop_signals.py). The verdict that counts is that run's own, never this module's look.
 
-The first look comes once the baseline has ended. Two oracles judge samples the baseline makes:
+The first look comes once the load has started, so after the baseline, and never while Ray
+starts the load actors (a signal raised inside Ray's own calls can be swallowed there, and the
+run then goes on to its end). Two oracles judge samples the baseline makes:
 the tenant probe's statistical test and the timing oracle's fit. Judged part-way, their
 verdict could be revised by the rest of the sample, and stopping at the first look that crosses
 would count chance as a detection (optional stopping). After the baseline, every FAIL an oracle
@@ -28,7 +30,7 @@ import time
 from collections.abc import Callable, Set
 from pathlib import Path
 
-from chaos.journal import EventKind, Journal
+from chaos.journal import Journal
 from chaos.judging.judge import judge
 from chaos.verdict import Verdict
 
@@ -39,10 +41,10 @@ WATCH_S = 5.0  # between two looks; a look judges the journal so far (about 1.5 
 
 def failing_so_far(run_dir: Path) -> set[str]:
     """The oracles that already FAIL on what a run in progress has journaled; none before its
-    baseline has ended."""
+    load has started."""
     try:
         with Journal.open(run_dir, readonly=True) as journal:
-            if not any(journal.iter_events(kind=EventKind.PHASE.value, name="baseline:end")):
+            if journal.get_meta("load_started_at") is None:
                 return set()
             judgement = judge(journal)
     except FileNotFoundError:  # not made yet

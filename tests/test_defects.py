@@ -9,7 +9,7 @@ leak finding must name a victim that is really in the journal and whose marker r
 offending response.
 
 A run is watched while it runs (benchmarks/detection_watch.py, the detection matrix's watcher):
-once its baseline has ended and the product's own judge already FAILs its journal through one of
+once its load has started and the product's own judge already FAILs its journal through one of
 the defect's oracles, the run gets SIGINT, a user's Ctrl-C (it heals the fault, stops the load and judges what it
 journaled). What the test asserts is that run's own verdict. A defect caught in the first window
 so costs about a minute instead of the whole campaign (about four minutes here); a run in which

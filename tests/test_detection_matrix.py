@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -186,12 +187,12 @@ def test_the_watcher_interrupts_a_run_once_an_oracle_asked_for_fails(tmp_path: P
     in_progress = write_crashed_run(tmp_path / "leaky", leak=True, crash_at_s=40.0)
     assert "canary" in detection_watch.failing_so_far(in_progress)
     assert detection_watch.failing_so_far(tmp_path / "not-made-yet") == set()
-    before_baseline_ended = sqlite3.connect(in_progress / JOURNAL_FILENAME)  # the same journal, earlier: no look yet
-    with before_baseline_ended:
-        before_baseline_ended.execute("DELETE FROM events WHERE name = 'baseline:end'")
-    before_baseline_ended.close()
-    assert detection_watch.failing_so_far(in_progress) == set()
-    in_progress = write_crashed_run(tmp_path / "leaky-again", leak=True, crash_at_s=40.0)
+    earlier = shutil.copytree(in_progress, tmp_path / "before-its-load")  # the same journal, before the load: no look
+    db = sqlite3.connect(earlier / JOURNAL_FILENAME)
+    with db:
+        db.execute("DELETE FROM meta WHERE key = 'load_started_at'")
+    db.close()
+    assert detection_watch.failing_so_far(earlier) == set()
 
     run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     interrupted = detection_watch.wait_until_caught(
