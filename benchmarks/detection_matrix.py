@@ -98,7 +98,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import yaml
-from detection_watch import wait_until_caught
+from detection_watch import stop_past_time, wait_until_caught
 
 from chaos.journal import JOURNAL_FILENAME, Journal, JournalError
 from chaos.targets.sim.defects import DEFECTS
@@ -218,7 +218,6 @@ class RunSummary:
     loadavg_end: list[float] | None = None  # and right after it
     cpus: int | None = None  # usable CPUs of the machine that ran it
     stopped_at_detection: bool = False  # interrupted once an intended oracle FAILed (--stop-at-detection)
-    ended_before_load: bool = False  # judged, with no load start: it ended in its baseline (stopped there)
 
     @property
     def key(self) -> str:
@@ -251,6 +250,11 @@ class RunSummary:
     def first_detection(self) -> OracleOutcome | None:
         timed = [self.oracles[n] for n in self.catching() if self.oracles[n].first_s is not None]
         return min(timed, key=lambda o: o.first_s) if timed else None  # type: ignore[arg-type,return-value]
+
+    @property
+    def ended_before_load(self) -> bool:
+        """Caught before its load started (stopped in its baseline): no window, no time from either."""
+        return self.load_started_at is None and self.verdict == "FAIL"
 
     def detection_window(self) -> str | None:
         """Where the detection fell (its provoking window, or why there is none); None: not detected,
@@ -336,12 +340,10 @@ def summarize_run(run_dir: Path, stems: dict[str, str] | None = None) -> RunSumm
             run.verdict, run.exit_code = event.data.get("verdict"), event.data.get("exit_code")
         if run.verdict is None:
             run.problems.append("no run verdict in the journal (crashed or still running)")
-        if run.load_started_at is None and run.verdict == "FAIL":
-            run.ended_before_load = True  # caught before its load: no window, no time from either
-        elif run.load_started_at is None:
-            run.problems.append("no load_started_at in the meta: times are not known")
-        else:
+        if run.load_started_at is not None:
             run.windows = read_windows(journal, run.load_started_at)
+        elif not run.ended_before_load:
+            run.problems.append("no load_started_at in the meta: times are not known")
         drained = [e.t for e in journal.iter_events(kind="probe", name="loads") if e.data.get("phase") == "after_drain"]
         drain_t = min(drained) if drained else None
         latest: dict[str, tuple[float, dict[str, Any]]] = {}
@@ -981,12 +983,7 @@ def execute(
             else:
                 rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)  # the runner heals and reports on SIGINT
-            try:
-                rc = proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                rc = proc.wait()
+            rc = stop_past_time(proc, functools.partial(os.killpg, proc.pid))  # the whole group
         finally:
             with _IN_FLIGHT_LOCK:
                 _IN_FLIGHT.discard(proc)

@@ -25,6 +25,7 @@ by the detection matrix (`--stop-at-detection`) and tests/test_defects.py.
 from __future__ import annotations
 
 import logging
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Set
@@ -37,6 +38,7 @@ from chaos.verdict import Verdict
 log = logging.getLogger("pdchaos.detection_watch")
 
 WATCH_S = 5.0  # between two looks; a look judges the journal so far (about 1.5 s of CPU on a whole default run)
+HEAL_GRACE_S = 120.0  # a run past its time gets this long after SIGINT to heal and report, then SIGKILL
 
 
 def failing_so_far(run_dir: Path) -> set[str]:
@@ -79,3 +81,15 @@ def wait_until_caught(
         if not interrupted and oracles & failing_so_far(run_dir):
             interrupt()
             interrupted = True
+
+
+def stop_past_time(process: subprocess.Popen[bytes] | subprocess.Popen[str], send: Callable[[int], None]) -> int:
+    """Stop a run that outlived its time: SIGINT first (it heals and reports what it journaled),
+    SIGKILL after HEAL_GRACE_S. `send` delivers a signal (to the driver, or its process group).
+    Returns the exit code."""
+    send(signal.SIGINT)
+    try:
+        return process.wait(timeout=HEAL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        return process.wait()

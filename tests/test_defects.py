@@ -43,7 +43,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from detection_watch import wait_until_caught  # noqa: E402  (the detection matrix's own watcher)
+from detection_watch import stop_past_time, wait_until_caught  # noqa: E402  (the detection matrix's own watcher)
 
 DEFAULT = ROOT / "campaigns" / "default.yaml"
 
@@ -66,13 +66,8 @@ def run(out: Path, defect: str, seed: int | None = None) -> subprocess.Completed
         process = subprocess.Popen(args, stdout=sink, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
         try:
             wait_until_caught(process, out, EXPECTED[defect], RUN_TIMEOUT_S, lambda: process.send_signal(signal.SIGINT))
-        except subprocess.TimeoutExpired:  # stopped as the matrix stops a run past its time: heal first
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        except subprocess.TimeoutExpired:
+            stop_past_time(process, process.send_signal)
     return subprocess.CompletedProcess(args, process.returncode, log.read_text(), "")
 
 

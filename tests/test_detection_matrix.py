@@ -209,12 +209,15 @@ def test_the_watcher_interrupts_a_run_once_an_oracle_asked_for_fails(tmp_path: P
     assert run.returncode == 0 and not asked
     assert looks and all("canary" in look for look in looks)
 
-    # Past its time the caller is told, and stops the run itself.
+    # Past its time the caller is told, and stops the run itself: SIGINT first.
     run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         with pytest.raises(subprocess.TimeoutExpired):
             detection_watch.wait_until_caught(run, in_progress, {"tenant_isolation"}, 1, lambda: asked.append("!"))
         assert run.poll() is None and not asked
+        sent: list[int] = []
+        rc = detection_watch.stop_past_time(run, lambda signum: sent.append(signum) or run.send_signal(signum))
+        assert rc == -signal.SIGINT and sent == [signal.SIGINT]
     finally:
         run.kill()
         run.wait()
