@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -148,12 +147,13 @@ def run_load(
     on_started: Callable[[float], None] | None = None,
     on_records: Callable[[list[RequestRecord]], None] | None = None,
     clock: ScheduleClock | None = None,
-    cut_short: threading.Event | None = None,
+    cut_short: Callable[[], bool] | None = None,
 ) -> LoadOutcome:
     """Run the plan to its end (or Ctrl-C). `on_started(t)` fires once Locust is running: fault
     schedules count from then, not from Ray's start-up. With a `clock` (started here), the load's
-    shape follows it: what the fault schedule holds lengthens the load by as much. `cut_short`
-    set (a wedged target: more load only waits out more timeouts) ends the load at the next poll."""
+    shape follows it: what the fault schedule holds lengthens the load by as much. `cut_short()`
+    true (a wedged target: more load only waits out more timeouts; a stop) ends the load at the
+    next poll."""
     outcome = LoadOutcome()
     workdir = (run_dir / "load").resolve()  # a relative --out must mean the same in every process
     configs = plan.configs(workdir, scheduled=clock is not None)
@@ -196,7 +196,7 @@ def run_load(
                     progress(time.monotonic() - started, outcome.journaled, errors, running)
                 if running == 0:
                     break
-                if cut_short is not None and cut_short.is_set():
+                if cut_short is not None and cut_short():
                     outcome.cut_short = True
                     break
                 time.sleep(POLL_INTERVAL_S)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,21 +30,50 @@ PF_EXITING = 0x4  # include/linux/sched.h: the task is getting shut down
 
 _HANDED_OUT: set[tuple[str, int]] = set()
 _HANDED_OUT_LOCK = threading.Lock()
+_CHOOSER = random.SystemRandom()  # not the global `random`: a campaign seed would give parallel runs one port
+
+# Ports are picked below the kernel's ephemeral range: every outgoing connection, and every server
+# that binds port 0 (Ray's raylets, agents and workers start many), takes its port from that range,
+# so a port picked there can be taken in the seconds before our server binds it (a decode worker
+# once failed to start that way beside a four-node Ray cluster). Above Ray's default worker ports
+# (`ray start --min-worker-port 10002 --max-worker-port 19999`).
+PORT_FLOOR = 20000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _os_pick(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the OS picks it), and never one this process has
-    handed out before: a port is picked long before its server binds it, and the OS readily hands
-    a port it just released to the next bind, so two picks (or a pick and a server that binds
-    port 0) could meet on one port and the second server fail to start. Our own servers are
-    therefore all given picked ports; only a foreign process binding in that moment can still
-    take one."""
+    """A TCP port nobody holds right now, outside the range the kernel hands out by itself, and
+    never one this process has handed out before (a port is picked long before its server binds
+    it). Only a process that binds that very port on purpose can still take it in between; where
+    the ephemeral range leaves no room below it, the OS picks (port 0)."""
+    ceiling = _ephemeral_low()
     with _HANDED_OUT_LOCK:
-        for _ in range(64):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind((host, 0))
-                port = int(sock.getsockname()[1])
-            if (host, port) not in _HANDED_OUT:
+        for _ in range(256):
+            port = _CHOOSER.randrange(PORT_FLOOR, ceiling) if ceiling - PORT_FLOOR >= 1024 else _os_pick(host)
+            if (host, port) not in _HANDED_OUT and _bindable(host, port):
                 _HANDED_OUT.add((host, port))
                 return port
     raise OSError(f"no free port on {host} that this process has not handed out already")

@@ -129,19 +129,14 @@ class Runner:
                 self._load_with_faults()
                 self._drain()
             except (Interrupted, KeyboardInterrupt):
-                journal_stopped(self.journal, "the run was interrupted before it finished")
-                self.stop.set()
-                self._say("interrupted: healing and writing the report from the journal")
+                self._interrupted()
             except (UsageError, TargetError):
                 raise  # a setup problem: the CLI names it (exit 2); the journal still gets its verdict below
-            except Exception as exc:  # the suite's own machinery broke (e.g. Ray lost a node): no verdict on the target
-                (self.run_dir / "error.log").write_text(traceback.format_exc())
-                stopped = (
-                    f"the run stopped early, the suite failed: {type(exc).__name__}: {exc} (traceback in error.log)"
-                )
-                journal_stopped(self.journal, stopped)
-                self.stop.set()
-                self._say(f"{stopped}; healing and writing the report from the journal")
+            except Exception as exc:
+                if _caused_by_a_stop(exc):  # Ray's C code can wrap a signal's `Interrupted` in a SystemError
+                    self._interrupted()
+                else:  # the suite's own machinery broke (e.g. Ray lost a node): no verdict on the target
+                    self._suite_failed(exc)
             finally:
                 signals.disarm()  # from here a signal only hurries: judging and stopping the stack finish
                 outcome = self._judge()
@@ -151,6 +146,21 @@ class Runner:
                 self._render_reports()
                 self._scrub_secrets()
         return outcome
+
+    def _interrupted(self) -> None:
+        assert self.journal is not None
+        journal_stopped(self.journal, "the run was interrupted before it finished")
+        self.stop.set()
+        self._say("interrupted: healing and writing the report from the journal")
+
+    def _suite_failed(self, exc: Exception) -> None:
+        """Called in the `except` block: the traceback is the one being handled."""
+        assert self.journal is not None
+        (self.run_dir / "error.log").write_text(traceback.format_exc())
+        stopped = f"the run stopped early, the suite failed: {type(exc).__name__}: {exc} (traceback in error.log)"
+        journal_stopped(self.journal, stopped)
+        self.stop.set()
+        self._say(f"{stopped}; healing and writing the report from the journal")
 
     def _scrub_secrets(self) -> None:
         """The last guard: no byte of a key stays in the run directory, whatever echoed it."""
@@ -391,6 +401,7 @@ class Runner:
             stages=tuple((s.until_s, s.users) for s in load.stages),
         )
         load_done, load_started = threading.Event(), threading.Event()
+        wedged = self.watchdog.wedged
         windows = self.campaign.windows()
         self.clock = ScheduleClock(barrier_s=windows[0].at_s if windows else None)
         probes = ProbeTraffic(
@@ -441,7 +452,9 @@ class Runner:
                 on_started=lambda _: self._on_load_started(load_started),
                 on_records=self._scan_live,
                 clock=self.clock,
-                cut_short=self.watchdog.wedged,
+                # A stop too: a signal that lands while Ray starts the load can be swallowed in its C
+                # code, leaving only the stop event set.
+                cut_short=lambda: wedged.is_set() or self.stop.is_set(),
             )
         finally:
             load_done.set()
@@ -452,7 +465,7 @@ class Runner:
                 self._join_unless_hurried(thread, timeout_s=120.0)
             if self.show_progress:
                 print(flush=True)
-        if outcome.interrupted:
+        if outcome.interrupted or self.stop.is_set():
             raise Interrupted("load interrupted")
 
     def _join_unless_hurried(self, thread: threading.Thread, timeout_s: float) -> None:
@@ -529,3 +542,16 @@ class Runner:
             render_all(self.run_dir, list(self.campaign.report.formats))
         except Exception:
             log.exception("rendering the reports failed; `pdchaos report %s` retries", self.run_dir)
+
+
+def _caused_by_a_stop(exc: BaseException) -> bool:
+    """Whether a stop signal is behind `exc`: the signal handler's `Interrupted` raised inside a
+    library's C code comes back wrapped (as its `__cause__` or `__context__`)."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, (Interrupted, KeyboardInterrupt)):
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return False

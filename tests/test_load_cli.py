@@ -147,7 +147,11 @@ def test_a_load_cut_short_ends_at_the_next_poll_and_journals_why(tmp_path: Path,
     cut = threading.Event()
     with Journal.create(tmp_path / "run") as journal:
         outcome = run_load(
-            plan, tmp_path / "run", journal, on_started=lambda _: threading.Timer(3.0, cut.set).start(), cut_short=cut
+            plan,
+            tmp_path / "run",
+            journal,
+            on_started=lambda _: threading.Timer(3.0, cut.set).start(),
+            cut_short=cut.is_set,
         )
         ends = [e for e in journal.iter_events(kind="phase") if e.name == "load:end"]
         started = journal.get_meta("load_started_at")

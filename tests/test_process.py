@@ -53,23 +53,34 @@ def test_stopping_returns_when_every_member_of_the_group_is_gone(
     proc.popen.wait(timeout=5)
 
 
-def test_free_port_never_hands_out_a_port_twice(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The OS readily gives a just-released port to the next bind: a second pick must not get it
-    (two of fourteen default runs once failed to start that way, a proxy on a worker's port)."""
+def test_free_port_never_hands_out_a_port_twice_nor_one_that_is_held(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A second pick must not get a port handed out already (two of fourteen default runs once
+    failed to start that way, a proxy on a worker's port), nor one another socket holds."""
     import socket
 
     from chaos import process
 
-    real = socket.socket
-    offered = iter([50001, 50001, 50001, 50002])
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        offered = iter([24001, 24001, taken, 24001, 24002])
+        monkeypatch.setattr(process, "_HANDED_OUT", set())
+        monkeypatch.setattr(process._CHOOSER, "randrange", lambda low, high: next(offered))
+        assert [process.free_port(), process.free_port()] == [24001, 24002]
 
-    class Repeating(real):  # type: ignore[misc, valid-type]
-        def getsockname(self):  # type: ignore[no-untyped-def]
-            return ("127.0.0.1", next(offered))
 
+def test_free_port_picks_below_the_kernels_ephemeral_range(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Outgoing connections and servers that bind port 0 take ports from the ephemeral range, in
+    the seconds between our pick and our server's bind: picks stay below it, above Ray's workers."""
+    from chaos import process
+
+    low = process._ephemeral_low()
+    assert low == int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     monkeypatch.setattr(process, "_HANDED_OUT", set())
-    monkeypatch.setattr(process.socket, "socket", Repeating)
-    assert [process.free_port(), process.free_port()] == [50001, 50002]
+    picks = [process.free_port() for _ in range(50)]
+    assert len(set(picks)) == 50
+    assert all(process.PORT_FLOOR <= port < low for port in picks), picks
 
 
 def test_the_bystander_tells_a_stop_a_signal_and_a_lost_port(tmp_path: Path) -> None:

@@ -71,6 +71,32 @@ def test_once_judging_starts_a_signal_no_longer_interrupts() -> None:
         assert stop.is_set() and signals.hurry.is_set()
 
 
+def test_a_stop_wrapped_by_a_library_still_reads_as_a_stop() -> None:
+    """A signal handler's `Interrupted` raised inside Ray's C code (`ray.get` while the load
+    starts) came back as `SystemError: ... returned a result with an exception set`, the
+    `Interrupted` as its cause: the run must report it as interrupted, not as the suite failing."""
+    from chaos.runner import _caused_by_a_stop
+
+    def wrapped(inner: BaseException, as_cause: bool) -> BaseException:
+        try:
+            try:
+                raise inner
+            except BaseException as exc:
+                if as_cause:
+                    raise SystemError("<built-in method> returned a result with an exception set") from exc
+                raise RuntimeError("while handling it")  # noqa: B904 (the implicit context is the case)
+        except BaseException as outer:
+            return outer
+
+    assert _caused_by_a_stop(wrapped(Interrupted("SIGINT"), as_cause=True))
+    assert _caused_by_a_stop(wrapped(KeyboardInterrupt(), as_cause=False))
+    assert not _caused_by_a_stop(wrapped(OSError("a lost node"), as_cause=True))
+    looped = RuntimeError("a")
+    looped.__context__ = RuntimeError("b")
+    looped.__context__.__context__ = looped
+    assert not _caused_by_a_stop(looped)
+
+
 # ---------------------------------------------------------------------------- a whole run ----
 
 
