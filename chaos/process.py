@@ -7,6 +7,7 @@ killing one PID of a real engine leaves its worker processes alive (vLLM: docs/v
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
 import signal
@@ -49,17 +50,26 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Whether `port` is free on `host`: bound without SO_REUSEADDR, so a port a connection or a
+    TIME_WAIT still holds counts as taken too. Any error but "taken" (an address not on this node)
+    is raised: no other port would do better."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
-        except OSError:
-            return False
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
     return True
 
 
 def _os_pick(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
@@ -67,8 +77,9 @@ def _os_pick(host: str) -> int:
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody holds right now, outside the range the kernel hands out by itself, and
     never one this process has handed out before (a port is picked long before its server binds
-    it). Only a process that binds that very port on purpose can still take it in between; where
-    the ephemeral range leaves no room below it, the OS picks (port 0)."""
+    it). Another process can still pick the same one (two agents on one host: see the stacks'
+    `distinct_port`), and one that binds it on purpose can take it in between. Where the
+    ephemeral range leaves no room below it, the OS picks (port 0)."""
     ceiling = _ephemeral_low()
     with _HANDED_OUT_LOCK:
         for _ in range(256):

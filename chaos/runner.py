@@ -133,7 +133,9 @@ class Runner:
             except (UsageError, TargetError):
                 raise  # a setup problem: the CLI names it (exit 2); the journal still gets its verdict below
             except Exception as exc:
-                if _caused_by_a_stop(exc):  # Ray's C code can wrap a signal's `Interrupted` in a SystemError
+                # A signal's `Interrupted` raised inside Ray's C code comes back wrapped (a SystemError)
+                # or lost; only a signal sets the stop event.
+                if _caused_by_a_stop(exc) or self.stop.is_set():
                     self._interrupted()
                 else:  # the suite's own machinery broke (e.g. Ray lost a node): no verdict on the target
                     self._suite_failed(exc)

@@ -66,6 +66,7 @@ def test_free_port_never_hands_out_a_port_twice_nor_one_that_is_held(monkeypatch
         taken = held.getsockname()[1]
         offered = iter([24001, 24001, taken, 24001, 24002])
         monkeypatch.setattr(process, "_HANDED_OUT", set())
+        monkeypatch.setattr(process, "_ephemeral_low", lambda: 32768)  # whatever this host's range
         monkeypatch.setattr(process._CHOOSER, "randrange", lambda low, high: next(offered))
         assert [process.free_port(), process.free_port()] == [24001, 24002]
 
@@ -75,12 +76,26 @@ def test_free_port_picks_below_the_kernels_ephemeral_range(monkeypatch) -> None:
     the seconds between our pick and our server's bind: picks stay below it, above Ray's workers."""
     from chaos import process
 
-    low = process._ephemeral_low()
-    assert low == int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    assert process._ephemeral_low() == int(ephemeral[0])
     monkeypatch.setattr(process, "_HANDED_OUT", set())
+    monkeypatch.setattr(process, "_ephemeral_low", lambda: 32768)  # the default, whatever this host's
     picks = [process.free_port() for _ in range(50)]
     assert len(set(picks)) == 50
-    assert all(process.PORT_FLOOR <= port < low for port in picks), picks
+    assert all(process.PORT_FLOOR <= port < 32768 for port in picks), picks
+    with pytest.raises(OSError):  # not "no free port": an address not on this node is named at once
+        process.free_port("192.0.2.1")
+
+
+def test_ports_of_one_stack_differ_though_two_agents_pick_them(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Each node's agent remembers only its own picks; two agents on one host can pick alike."""
+    from chaos.targets.launcher import LocalLauncher, distinct_port
+
+    offered = iter([24001, 24001, 24002])
+    launcher = LocalLauncher()
+    monkeypatch.setattr(launcher, "free_port", lambda role: next(offered))
+    taken: set[tuple[str, int]] = set()
+    assert [distinct_port(launcher, "prefill", taken), distinct_port(launcher, "decode", taken)] == [24001, 24002]
 
 
 def test_the_bystander_tells_a_stop_a_signal_and_a_lost_port(tmp_path: Path) -> None:

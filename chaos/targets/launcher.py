@@ -93,6 +93,18 @@ class Launcher(Protocol):
         ...
 
 
+def distinct_port(launcher: Launcher, role: str, taken: set[tuple[str, int]]) -> int:
+    """A free port on `role`'s node that no other server of the stack was given: each node's agent
+    remembers only its own picks, and several agents can share a host (Ray nodes on one machine)."""
+    host = launcher.host(role)
+    for _ in range(50):
+        port = launcher.free_port(role)
+        if (host, port) not in taken:
+            taken.add((host, port))
+            return port
+    raise OSError(f"no free port on {host} for {role} that differs from the stack's others")
+
+
 class LocalLauncher:
     """Every process on this machine, each in its own session."""
 

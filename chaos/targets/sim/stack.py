@@ -28,7 +28,7 @@ from typing import Any, cast
 from chaos.process import PortTaken, says_port_taken, wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.launched import LaunchedStack
-from chaos.targets.launcher import Launcher, PlannedCommand, ProcessHandle
+from chaos.targets.launcher import Launcher, PlannedCommand, ProcessHandle, distinct_port
 from chaos.targets.sglang.router import RouterOptions, router_command  # the same router as the real stack
 from chaos.targets.sim.settings import Role, TransferTimeouts, WorkerSettings
 from chaos.targets.sim.spec import SimSpec
@@ -167,6 +167,7 @@ class SimStack(LaunchedStack):
 
     def _choose_addresses(self) -> None:
         """Each port is picked on the node that will listen on it (all of them here, by default)."""
+        taken: set[tuple[str, int]] = set()
         for name, role in (
             ("prefill", "prefill"),
             ("decode", "decode"),
@@ -174,14 +175,14 @@ class SimStack(LaunchedStack):
             ("router_metrics", "router"),
             ("bootstrap", "prefill"),
         ):
-            self._ports[name] = self.launcher.free_port(role)
+            self._ports[name] = distinct_port(self.launcher, role, taken)
         # Decode's transfer port is fixed up front, so a proxy in front of it stays valid when
         # decode restarts; and no server of ours binds port 0 (chaos/process.py's free_port).
-        self._ports["decode_transfer"] = self.launcher.free_port("decode")
+        self._ports["decode_transfer"] = distinct_port(self.launcher, "decode", taken)
         if self.config.proxied_links:
             for link in PROXY_LINKS:
-                self._ports[f"{PROXY_PREFIX}{link}"] = self.launcher.free_port("router")
-                self._ports[f"{PROXY_PREFIX}{link}_control"] = self.launcher.free_port("router")
+                self._ports[f"{PROXY_PREFIX}{link}"] = distinct_port(self.launcher, "router", taken)
+                self._ports[f"{PROXY_PREFIX}{link}_control"] = distinct_port(self.launcher, "router", taken)
         self._hosts = {role: self.launcher.host(role) for role in ("prefill", "decode", "router")}
 
     def _settings(self, role: str) -> WorkerSettings:

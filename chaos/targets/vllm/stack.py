@@ -8,8 +8,8 @@ decode's answer back. Every process runs in its own session (killing one vLLM PI
 EngineCore and Worker alive, docs/vllm-tier.md), with the vLLM venv's python, through `engine.py`
 (the NIXL idle-CPU fix). Readiness: each engine's `/health`, then the router's `/health` and `/readiness`
 (200 once it holds a healthy prefill and decode).
-Ports come from below the kernel's ephemeral range: vLLM's own sockets bind ephemeral ports and
-can take one between our choice and the engine's bind.
+Ports come from below the kernel's ephemeral range (chaos/process.py's `free_port`): vLLM's own
+sockets bind ephemeral ports and could take one between our choice and the engine's bind.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +28,7 @@ from chaos.errors import TargetError
 from chaos.process import PortTaken, says_port_taken, wait_http_ok
 from chaos.targets.base import Endpoints, WorkerEndpoint
 from chaos.targets.launched import LaunchedStack
-from chaos.targets.launcher import Launcher, LocalLauncher, PlannedCommand
+from chaos.targets.launcher import Launcher, PlannedCommand, distinct_port
 from chaos.targets.state import clear_state
 from chaos.targets.vllm.dialect import VllmDialect
 from chaos.targets.vllm.spec import VllmSpec
@@ -39,7 +37,6 @@ ROLES = ("prefill", "decode")
 REPO = Path(__file__).resolve().parents[3]
 ENGINE_SCRIPT = Path(__file__).resolve().parent / "engine.py"
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
-PORT_RANGE = (20000, 32000)  # below the ephemeral range (32768-60999 by default)
 ROUTER_READY_TIMEOUT_S = 60.0
 ROUTER_HEALTH_INTERVAL_S = 2
 # The suite's probes name no model and send "default" (SGLang serves any name; vLLM answers 404 to
@@ -65,26 +62,6 @@ class Ports:
     side_channel: dict[str, int]
 
 
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def low_ports(host: str, count: int, rng: random.Random) -> list[int]:
-    """`count` distinct free ports from PORT_RANGE (never handed out by the kernel for port 0)."""
-    chosen: list[int] = []
-    while len(chosen) < count:
-        port = rng.randrange(*PORT_RANGE)
-        if port not in chosen and _bindable(host, port):
-            chosen.append(port)
-    return chosen
-
-
 class VllmStack(LaunchedStack):
     """Plan, launch, inspect, restart and stop the vLLM CPU PD pair."""
 
@@ -102,7 +79,6 @@ class VllmStack(LaunchedStack):
             for role in ROLES
         }
         self._hosts = {role: self.launcher.host(role) for role in (*ROLES, "router")}
-        self._rng = random.Random()
         self._ports: Ports | None = None
         self.bytes_per_token: dict[str, float] = {}  # KV bytes per token, read from each engine
         self.startup_s: dict[str, float] = {}  # measured: launch to ready, per process
@@ -134,10 +110,10 @@ class VllmStack(LaunchedStack):
         return self._ports
 
     def _pick_ports(self) -> Ports:
+        taken: set[tuple[str, int]] = set()
+
         def pick(role: str, count: int) -> list[int]:
-            if isinstance(self.launcher, LocalLauncher):
-                return low_ports(self._hosts[role], count, self._rng)
-            return [self.launcher.free_port(role) for _ in range(count)]
+            return [distinct_port(self.launcher, role, taken) for _ in range(count)]
 
         router = pick("router", 2)
         prefill, decode = pick("prefill", 2), pick("decode", 2)
@@ -289,11 +265,7 @@ class VllmStack(LaunchedStack):
             except RuntimeError as exc:  # the engines' own sockets may take a port after it was picked
                 if attempt + 1 == BIND_RETRIES or not _lost_port(exc):
                     raise
-                router, metrics = (
-                    low_ports(self._hosts["router"], 2, self._rng)
-                    if isinstance(self.launcher, LocalLauncher)
-                    else [self.launcher.free_port("router") for _ in range(2)]
-                )
+                router, metrics = (self.launcher.free_port("router") for _ in range(2))
                 self._ports = dataclasses.replace(self.ports, router=router, router_metrics=metrics)
         self._await_router_sees("router")
         self.startup_s["router"] = time.monotonic() - started
