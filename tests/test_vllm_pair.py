@@ -331,7 +331,13 @@ def test_a_decode_stall_past_the_kv_lease_is_caught_as_vllm_reading_freed_kv(exp
     assert integrity.verdict is Verdict.FAIL, integrity.notes
     stale = [f for f in integrity.findings if f.evidence["signal"] == "stale_kv_read"]
     assert stale and "were retrieved by a decode worker" in stale[0].evidence["line"]
-    assert {r.name for r in expiry_run.oracles if r.verdict is Verdict.FAIL} == {"integrity"}, expiry_run.reasons
+    # The read after free can show in the replies too: one built on blocks another request wrote
+    # differs from its isolated reference (seen once: a probe under the stall, HTTP 200 with 16
+    # tokens of other text). That is this bug, inside a fault window; nothing else may fail.
+    failed = [r for r in expiry_run.oracles if r.verdict is Verdict.FAIL]
+    assert {r.name for r in failed} <= {"integrity", "reference", "canary"}, expiry_run.reasons
+    in_content = [f for r in failed if r.name != "integrity" for f in r.findings if f.verdict is Verdict.FAIL]
+    assert all(f.window for f in in_content), [(f.summary, f.window) for f in in_content]
 
 
 @pytest.mark.real_engine
